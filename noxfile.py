@@ -1,0 +1,40 @@
+"""One test session per supported verl x transformers stack, each a fresh venv built from PyPI.
+
+torch is pinned to 2.13.0 (a CPU build) in every stack: an unpinned torch pulls a multi-GB CUDA build.
+"""
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = False
+
+TORCH = "torch==2.13.0"
+STACKS = {
+    # The Ascend vllm-ascend 0.13 stack. verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
+    "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
+    "verl0.8.0-tf5.3.0": ["verl==0.8.0", "transformers==5.3.0", "numpy<2", "pyarrow<26"],
+    # The newest transformers verl 0.9.1 accepts; its trainer modules import these undeclared dependencies.
+    "verl0.9.1-tf5.10.4": [
+        "verl==0.9.1",
+        "transformers==5.10.4",
+        "cachetools",
+        "uvicorn",
+        "fastapi",
+        "pyzmq",
+        "msgspec",
+    ],
+}
+
+
+@nox.session
+@nox.parametrize("stack", list(STACKS))
+def tests(session: nox.Session, stack: str) -> None:
+    session.install(TORCH, *STACKS[stack], "-e", ".[test]")
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "format", "--check", ".")
+    session.run("ruff", "check", ".")

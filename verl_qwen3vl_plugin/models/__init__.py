@@ -1,0 +1,1 @@
+"""Replacement forwards for the model classes the plugin patches, one module per model family."""
