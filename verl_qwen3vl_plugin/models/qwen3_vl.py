@@ -76,8 +76,9 @@ def _blocks(num_rows: int, hidden: int, device: torch.device) -> range:
 class _BilinearGather(torch.autograd.Function):
     """out[r] = sum_c table[indices[c, r]] * weights[c, r], without keeping the gathered rows alive for backward.
 
-    Forward multiplies and adds in upstream's order and dtype (bit-identical results). Backward scatters
-    ``grad * weight`` into the table in float32, so bf16 tables get an fp32-accurate gradient.
+    ``weights`` are float32. Forward rounds them to the table's dtype and multiplies and adds in upstream's order
+    (bit-identical results). Backward scatters ``grad * weight`` into the table in float32 with the fp32 weights, so
+    a bf16 table gets the fp32 gradient rounded once.
     """
 
     @staticmethod
@@ -88,11 +89,13 @@ class _BilinearGather(torch.autograd.Function):
         corner = table.new_empty(min(blocks.step, num_rows), hidden)
         for start in blocks:
             stop = min(start + blocks.step, num_rows)
+            # Upstream rounds the fp32 weights to the table's dtype before multiplying.
+            w = weights[:, start:stop, None].to(table.dtype)
             out_block = out[start:stop]
-            torch.index_select(table, 0, indices[0, start:stop], out=out_block).mul_(weights[0, start:stop, None])
+            torch.index_select(table, 0, indices[0, start:stop], out=out_block).mul_(w[0])
             for c in range(1, 4):
                 tmp = torch.index_select(table, 0, indices[c, start:stop], out=corner[: stop - start])
-                out_block.add_(tmp.mul_(weights[c, start:stop, None]))
+                out_block.add_(tmp.mul_(w[c]))
         ctx.save_for_backward(indices, weights)
         ctx.table_shape = table.shape
         return out
@@ -107,7 +110,7 @@ class _BilinearGather(torch.autograd.Function):
             stop = min(start + blocks.step, num_rows)
             g = grad_out[start:stop].float()
             for c in range(4):
-                grad.index_add_(0, indices[c, start:stop], g * weights[c, start:stop, None].float())
+                grad.index_add_(0, indices[c, start:stop], g * weights[c, start:stop, None])
         return grad.to(grad_out.dtype), None, None
 
 
@@ -157,5 +160,5 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     indices = torch.stack(
         [h_floor * side + w_floor, h_floor * side + w_ceil, h_ceil * side + w_floor, h_ceil * side + w_ceil]
     )
-    weights = torch.stack([(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw]).to(table.dtype)
+    weights = torch.stack([(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw])
     return _BilinearGather.apply(table, indices, weights)

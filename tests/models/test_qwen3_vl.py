@@ -1,0 +1,127 @@
+"""The plugin's ``fast_pos_embed_interpolate`` against upstream implementations measured in the same process.
+
+Parametrized over implementations ("plugin", and verl's in-tree function where this verl has one) so the same test
+can move into verl's tree unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+from tests.conftest import VERL
+from verl_qwen3vl_plugin.compat import method_calls
+from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+
+IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
+if VERL.release >= (0, 8):
+    from verl.models.transformers.qwen3_vl import fast_pos_embed_interpolate as verl_fast_pos_embed_interpolate
+
+    IMPLEMENTATIONS["verl"] = verl_fast_pos_embed_interpolate
+
+# The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
+REFERENCES = dict(IMPLEMENTATIONS)
+del REFERENCES["plugin"]
+if method_calls(Qwen3VLVisionModel, "forward", "fast_pos_embed_interpolate"):
+    REFERENCES["transformers"] = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
+
+GRIDS = {
+    "2x2": [[1, 2, 2]],
+    "images": [[1, 16, 16], [1, 38, 50], [1, 64, 22]],
+    "images_and_videos": [[1, 4, 6], [3, 8, 8], [1, 30, 44], [16, 32, 32], [2, 2, 2]],
+    "long_thin": [[1, 2, 128], [1, 256, 2], [1, 2, 2]],
+    "square_128": [[1, 128, 128]],
+}
+
+
+def vision_tower(hidden: int = 32, table: int = 2304, dtype: torch.dtype = torch.float32) -> Qwen3VLVisionModel:
+    """A real vision tower whose table is 48 x 48 like Qwen3-VL's, with random (not uninitialised) weights."""
+    config = Qwen3VLVisionConfig(
+        depth=1, hidden_size=hidden, intermediate_size=16, num_heads=1, out_hidden_size=hidden,
+        num_position_embeddings=table, deepstack_visual_indexes=[],
+    )  # fmt: skip
+    tower = Qwen3VLVisionModel(config)
+    with torch.no_grad():
+        tower.pos_embed.weight.normal_(generator=torch.Generator().manual_seed(0))
+    return tower.to(dtype)
+
+
+@pytest.fixture(params=list(IMPLEMENTATIONS))
+def impl(request):
+    return IMPLEMENTATIONS[request.param]
+
+
+@pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("grid", list(GRIDS))
+def test_forward_bit_identical_to_upstream(impl, grid, dtype):
+    tower = vision_tower(dtype=dtype)
+    grid_thw = torch.tensor(GRIDS[grid])
+    out = impl(tower, grid_thw)
+    assert out.shape == (int(grid_thw.prod(-1).sum()), 32)
+    for name, reference in REFERENCES.items():
+        assert torch.equal(out, reference(tower, grid_thw)), name
+
+
+@pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")
+@pytest.mark.parametrize("grid", ["images_and_videos", "long_thin"])
+def test_fp32_gradient_matches_upstream(impl, grid):
+    grid_thw = torch.tensor(GRIDS[grid])
+    grad_out = torch.randn(int(grid_thw.prod(-1).sum()), 32, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for name, fn in {"impl": impl, **REFERENCES}.items():
+        tower = vision_tower()
+        fn(tower, grid_thw).backward(grad_out)
+        grads[name] = tower.pos_embed.weight.grad
+    for name in REFERENCES:
+        torch.testing.assert_close(grads["impl"], grads[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_bf16_gradient_matches_fp32_reference():
+    """bf16 tables get the fp32 gradient rounded once (upstream's bf16 sums drift further)."""
+    grid_thw = torch.tensor(GRIDS["images_and_videos"])
+    grad_out = torch.randn(int(grid_thw.prod(-1).sum()), 32, generator=torch.Generator().manual_seed(1))
+    bf16 = vision_tower(dtype=torch.bfloat16)
+    fast_pos_embed_interpolate(bf16, grid_thw).backward(grad_out.bfloat16())
+    fp32 = vision_tower().to(torch.float32)
+    fp32.pos_embed.weight.data.copy_(bf16.pos_embed.weight.data.float())
+    fast_pos_embed_interpolate(fp32, grid_thw).backward(
+        grad_out.bfloat16().float(),
+    )
+    torch.testing.assert_close(bf16.pos_embed.weight.grad.float(), fp32.pos_embed.weight.grad, rtol=2**-8, atol=1e-5)
+
+
+def test_empty_grid_gives_empty_embedding():
+    out = fast_pos_embed_interpolate(vision_tower(), torch.zeros(0, 3, dtype=torch.long))
+    assert out.shape == (0, 32)
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ([[1, 3, 4]], r"multiples of spatial_merge_size=2; bad rows \(index, \[t, h, w\]\): \[\(0, \[1, 3, 4\]\)\]"),
+        ([[1, 4, 4], [1, 4, 5]], r"\[\(1, \[1, 4, 5\]\)\]"),
+        ([[0, 4, 4]], r"t, h, w >= 1; bad rows .*\[\(0, \[0, 4, 4\]\)\]"),
+        ([[1, -2, 4]], r"t, h, w >= 1"),
+        ([1, 4, 4], r"shape \(num_images, 3\).*got \(3,\)"),
+        ([[1, 4, 4, 1]], r"got \(1, 4\)"),
+    ],
+)
+def test_bad_grid_is_rejected_with_the_offending_rows(grid, message):
+    with pytest.raises(ValueError, match=message):
+        fast_pos_embed_interpolate(vision_tower(), torch.tensor(grid))
+
+
+def test_float_grid_is_rejected():
+    with pytest.raises(ValueError, match="integers"):
+        fast_pos_embed_interpolate(vision_tower(), torch.tensor([[1.0, 4.0, 4.0]]))
+
+
+def test_result_follows_grid_device_and_gradient_reaches_the_table():
+    tower = vision_tower()
+    out = fast_pos_embed_interpolate(tower, torch.tensor([[1, 4, 4]], device="cpu"))
+    assert out.device == torch.device("cpu")
+    out.sum().backward()
+    assert tower.pos_embed.weight.grad is not None and tower.pos_embed.weight.grad.abs().sum() > 0
