@@ -29,16 +29,17 @@ DISCOVERS_PLUGINS = VERL >= Version("0.9")
 ACTIVATE = {"VERL_USE_EXTERNAL_MODULES": ",".join(HOOK_MODULES)}
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter whose environment is this one, minus the plugin switches, plus ``env``."""
+def run_args(args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run this interpreter with ``args``, in this environment minus the plugin switches, plus ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN"))}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, *args], env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (see ``run_args`` for its environment)."""
+    return run_args(["-c", textwrap.dedent(code)], env, timeout)
 
 
 def run_json(code: str, env: dict[str, str] | None = None) -> dict:

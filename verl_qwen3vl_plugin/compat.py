@@ -32,15 +32,13 @@ def method_calls(cls: type, method: str, callee: str) -> bool:
 
 
 def module_source(name: str) -> str | None:
-    """Source text of an installed module, located without importing it (its parent packages are imported)."""
-    parent, _, leaf = name.rpartition(".")
-    try:
-        spec = importlib.util.find_spec(parent) if parent else None
-    except ImportError:
+    """Source text of an installed module, located without importing it or its packages (None if not found)."""
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
         return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        path = Path(location) / f"{leaf}.py"
+    for location in spec.submodule_search_locations:
+        path = Path(location, *rest[:-1], f"{rest[-1]}.py") if rest else Path(spec.origin)
         if path.is_file():
             return path.read_text()
     return None

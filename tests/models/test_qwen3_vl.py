@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
-from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-from tests.conftest import VERL
-from verl_qwen3vl_plugin.compat import method_calls
 from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-
-IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
-if VERL.release >= (0, 8):
-    from verl.models.transformers.qwen3_vl import fast_pos_embed_interpolate as verl_fast_pos_embed_interpolate
-
-    IMPLEMENTATIONS["verl"] = verl_fast_pos_embed_interpolate
+from verl_qwen3vl_plugin.selftest import pos_embed_references
+from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
 
 # The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
-REFERENCES = dict(IMPLEMENTATIONS)
-del REFERENCES["plugin"]
-if method_calls(Qwen3VLVisionModel, "forward", "fast_pos_embed_interpolate"):
-    REFERENCES["transformers"] = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
+REFERENCES = pos_embed_references()
+IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
+if "verl" in REFERENCES:
+    IMPLEMENTATIONS["verl"] = REFERENCES["verl"]
 
 GRIDS = {
     "2x2": [[1, 2, 2]],
@@ -34,18 +26,6 @@ GRIDS = {
     "long_thin": [[1, 2, 128], [1, 256, 2], [1, 2, 2]],
     "square_128": [[1, 128, 128]],
 }
-
-
-def vision_tower(hidden: int = 32, table: int = 2304, dtype: torch.dtype = torch.float32) -> Qwen3VLVisionModel:
-    """A real vision tower whose table is 48 x 48 like Qwen3-VL's, with random (not uninitialised) weights."""
-    config = Qwen3VLVisionConfig(
-        depth=1, hidden_size=hidden, intermediate_size=16, num_heads=1, out_hidden_size=hidden,
-        num_position_embeddings=table, deepstack_visual_indexes=[],
-    )  # fmt: skip
-    tower = Qwen3VLVisionModel(config)
-    with torch.no_grad():
-        tower.pos_embed.weight.normal_(generator=torch.Generator().manual_seed(0))
-    return tower.to(dtype)
 
 
 @pytest.fixture(params=list(IMPLEMENTATIONS))

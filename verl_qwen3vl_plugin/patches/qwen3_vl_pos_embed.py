@@ -28,6 +28,7 @@ TARGETS = {
 VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 
 _patched: list[type] = []
+_upstream: dict[type, object] = {}  # transformers' own method, kept before it is replaced
 
 
 def decide(cls: type) -> tuple[Status, str]:
@@ -40,7 +41,12 @@ def decide(cls: type) -> tuple[Status, str]:
             f"transformers {dist_version('transformers')}: {cls.__name__}.forward does not call {METHOD} "
             "(it computes on grid_thw's device)"
         )
-    return Status.APPLIED, f"{cls.__name__}.{METHOD} computes on grid_thw's device"
+    return Status.APPLIED, f"{cls.__name__}.forward calls {METHOD}, upstream's builds on pos_embed's device"
+
+
+def upstream_method(cls: type):
+    """transformers' own ``fast_pos_embed_interpolate`` of ``cls``, even after the plugin replaced it."""
+    return _upstream.get(cls, cls.__dict__.get(METHOD))
 
 
 def _set_ours(cls: type) -> None:
@@ -53,6 +59,7 @@ def _on_transformers_module(module: ModuleType) -> None:
     cls = getattr(module, TARGETS[module.__name__])
     status, reason = decide(cls)
     if status is Status.APPLIED:
+        _upstream.setdefault(cls, cls.__dict__.get(METHOD))
         _set_ours(cls)
         if cls not in _patched:
             _patched.append(cls)

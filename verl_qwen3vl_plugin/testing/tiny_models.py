@@ -9,6 +9,8 @@ from transformers import (
     Qwen3VLMoeConfig,
     Qwen3VLMoeForConditionalGeneration,
 )
+from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START = 100, 101, 102
 VISION = dict(
@@ -36,6 +38,27 @@ TEXT = dict(
 # hidden 32 != 2 * moe_intermediate: a mix-up of the experts' two projections cannot pass as a correct shape.
 MOE_TEXT = dict(TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1)
 TOKENS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START)
+
+
+def vision_tower(hidden: int = 32, table: int = 2304, dtype: torch.dtype = torch.float32) -> Qwen3VLVisionModel:
+    """A one-block vision tower whose position table is 48 x 48 like Qwen3-VL's, with seeded random entries."""
+    config = Qwen3VLVisionConfig(
+        depth=1, hidden_size=hidden, intermediate_size=16, num_heads=1, out_hidden_size=hidden,
+        num_position_embeddings=table, deepstack_visual_indexes=[],
+    )  # fmt: skip
+    tower = Qwen3VLVisionModel(config)
+    with torch.no_grad():
+        tower.pos_embed.weight.normal_(generator=torch.Generator().manual_seed(0))
+    return tower.to(dtype)
+
+
+def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Modules built from a config may hold uninitialised memory: give every parameter seeded values."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+    return module
 
 
 def tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
