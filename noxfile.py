@@ -9,6 +9,10 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
+# verl < 0.9 has no plugin discovery: this is the activation line the README documents.
+ACTIVATE = {
+    "VERL_USE_EXTERNAL_MODULES": "verl_qwen3vl_plugin.hooks.model_patch,verl_qwen3vl_plugin.hooks.npu_patch",
+}
 STACKS = {
     # The Ascend vllm-ascend 0.13 stack. verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
     "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
@@ -33,6 +37,13 @@ def tests(session: nox.Session, stack: str) -> None:
     session.run("pytest", "-m", "not fake_npu", *session.posargs)
     # verl's npu_patch rewires transformers for the rest of its process: it gets a process of its own.
     session.run("pytest", "-m", "fake_npu", *session.posargs)
+
+
+@nox.session
+def doctor(session: nox.Session) -> None:
+    """The main job: on the Ascend verl 0.7.1 stack, where both patches act, activate the plugin and self-test it."""
+    session.install(TORCH, *STACKS["verl0.7.1-tf4.57.6"], "-e", ".")
+    session.run("verl-qwen3vl-plugin", "doctor", "--selftest", *session.posargs, env=ACTIVATE)
 
 
 @nox.session
