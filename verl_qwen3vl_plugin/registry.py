@@ -15,6 +15,11 @@ from enum import Enum
 from types import ModuleType
 
 logger = logging.getLogger("verl_qwen3vl_plugin")
+# Same switch as verl's own modules: VERL_LOGGING_LEVEL=INFO shows the per-patch lines; a bad value is ignored here.
+try:
+    logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARNING").upper())
+except ValueError:
+    logger.setLevel(logging.WARNING)
 
 DISABLE_ENV = "VERL_QWEN3VL_PLUGIN_DISABLE"
 POS_EMBED = "qwen3_vl_pos_embed"
