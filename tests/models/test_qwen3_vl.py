@@ -56,7 +56,10 @@ def test_fp32_gradient_matches_upstream(impl, grid):
         fn(tower, grid_thw).backward(grad_out)
         grads[name] = tower.pos_embed.weight.grad
     for name in REFERENCES:
-        torch.testing.assert_close(grads["impl"], grads[name], rtol=1e-6, atol=1e-6, msg=name)
+        # The two sum each table row's contributions in different orders: fp32 rounding then scales with the size of
+        # the contributions (about the largest gradient), not with a row's possibly cancelled total.
+        atol = 1e-6 * float(grads[name].abs().max())
+        torch.testing.assert_close(grads["impl"], grads[name], rtol=1e-6, atol=atol, msg=name)
 
 
 def test_bf16_gradient_matches_fp32_reference():

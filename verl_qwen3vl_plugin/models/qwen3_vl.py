@@ -19,18 +19,34 @@ floor (its ``apply_monkey_patch`` installs its own device fix).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 __all__ = ["fast_pos_embed_interpolate", "validate_grid_thw"]
 
-# Per (device, num_grid_per_side): floor, ceil and fractional part of linspace(0, side - 1, n) for n = 1..len, laid
-# out back to back (row n starts at n * (n - 1) / 2).
-_GRID_CACHE: dict[tuple[torch.device, int], tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-# Rows are gathered and summed in blocks of about this many elements: on the CPU the four corner products then stay
-# in cache instead of streaming four (rows, hidden) temporaries through memory; on an accelerator blocks are large.
-_BLOCK_ELEMENTS = {"cpu": 1 << 15}
-_DEFAULT_BLOCK_ELEMENTS = 1 << 24
+
+class _GridTables(NamedTuple):
+    """Per interpolation-grid value: what the corners need, precomputed once (see ``_grid_tables``)."""
+
+    size: int
+    floor_x_side: torch.Tensor
+    ceil_x_side: torch.Tensor
+    floor: torch.Tensor
+    ceil: torch.Tensor
+    frac: torch.Tensor
+    one_minus_frac: torch.Tensor
+
+
+# Per (device, num_grid_per_side): the grids linspace(0, side - 1, n) for n = 1..size, laid out back to back (grid n
+# starts at n * (n - 1) / 2).
+_GRID_CACHE: dict[tuple[torch.device, int], _GridTables] = {}
+# Rows are gathered and summed in blocks of about this many elements per corner: large enough that per-op overhead
+# does not dominate (it does below ~100 rows at hidden 1152 on the CPU), small enough that the four corners' products
+# never exist for all rows at once (the extra memory stays a few MB, not 4x the output). Measured in benchmarks/.
+_BLOCK_ELEMENTS = {"cpu": 1 << 18}
+_DEFAULT_BLOCK_ELEMENTS = 1 << 22
 
 
 def validate_grid_thw(grid_thw: torch.Tensor, grid: list[list[int]], merge_size: int) -> None:
@@ -52,50 +68,95 @@ def validate_grid_thw(grid_thw: torch.Tensor, grid: list[list[int]], merge_size:
         )
 
 
-def _grid_values(side: int, max_n: int, device: torch.device):
-    """Return (len, floor, ceil, frac) tables covering sizes 1..len >= max_n on ``device``."""
+def _grid_tables(side: int, max_n: int, device: torch.device) -> _GridTables:
+    """Tables covering grid sizes 1..size >= max_n on ``device``, built once per size doubling and cached."""
     key = (device, side)
     cached = _GRID_CACHE.get(key)
-    if cached is None or cached[0] < max_n:
-        n_max = max(64, 1 << (max_n - 1).bit_length())
-        # The same call upstream makes, so the values are the ones upstream interpolates with on this machine.
-        value = torch.cat([torch.linspace(0, side - 1, n) for n in range(1, n_max + 1)])
+    if cached is None or cached.size < max_n:
+        size = max(64, 1 << (max_n - 1).bit_length())
+        # The call upstream makes, on the CPU as upstream does: the exact values upstream interpolates with.
+        value = torch.cat([torch.linspace(0, side - 1, n) for n in range(1, size + 1)])
         floor = value.int()
         ceil = (floor + 1).clip(max=side - 1)
         frac = value - floor
-        cached = (n_max, *(x.to(device) for x in (floor, ceil, frac)))
+        tables = (floor * side, ceil * side, floor, ceil, frac, 1 - frac)
+        cached = _GridTables(size, *(x.to(device) for x in tables))
         _GRID_CACHE[key] = cached
     return cached
 
 
-def _blocks(num_rows: int, hidden: int, device: torch.device) -> range:
-    step = max(1, _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1))
-    return range(0, num_rows, step)
+def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Table rows (int32) and fp32 weights of the four corners of every output row, (4, rows) each.
+
+    Built per merge block rather than per patch: a block's m x m patches share one block row and one block column,
+    so its m grid rows and m grid columns are looked up once and crossed by broadcasting, which also lays the result
+    out in the vision tower's merge order.
+    """
+    device = grid_thw.device
+    num_blocks = sum(t * h * w for t, h, w in grid) // (merge * merge)
+    tables = _grid_tables(side, max(max(h, w) for _, h, w in grid), device)
+    t, h, w = grid_thw.to(device=device, dtype=torch.int32).unbind(1)
+    blocks_per_row = w // merge
+    frame_blocks = (h // merge) * blocks_per_row
+    item_blocks = t * frame_blocks
+    item = torch.arange(len(grid), device=device, dtype=torch.int32)
+    item = torch.repeat_interleave(item, item_blocks, output_size=num_blocks)
+    first_block = torch.cumsum(item_blocks, 0, dtype=torch.int32) - item_blocks
+    block = torch.arange(num_blocks, device=device, dtype=torch.int32) - first_block[item]
+    if any(row[0] > 1 for row in grid):  # videos: every frame repeats the first frame's blocks
+        block = block % frame_blocks[item]
+    per_row = blocks_per_row[item]
+    block_row = block // per_row
+    block_col = block - block_row * per_row
+    offsets = torch.arange(merge, device=device, dtype=torch.int32)
+    # (blocks, merge) positions in the tables; torch.take wants int64.
+    rows = ((block_row * merge + (h * (h - 1) // 2)[item]).unsqueeze(1) + offsets).long()
+    cols = ((block_col * merge + (w * (w - 1) // 2)[item]).unsqueeze(1) + offsets).long()
+
+    row_lo, row_hi = tables.floor_x_side.take(rows)[:, :, None], tables.ceil_x_side.take(rows)[:, :, None]
+    dh, one_minus_dh = tables.frac.take(rows)[:, :, None], tables.one_minus_frac.take(rows)[:, :, None]
+    col_lo, col_hi = tables.floor.take(cols)[:, None, :], tables.ceil.take(cols)[:, None, :]
+    dw, one_minus_dw = tables.frac.take(cols)[:, None, :], tables.one_minus_frac.take(cols)[:, None, :]
+    indices = torch.empty(4, num_blocks, merge, merge, dtype=torch.int32, device=device)
+    weights = torch.empty(4, num_blocks, merge, merge, dtype=torch.float32, device=device)
+    # Upstream's corner order and products: (floor, floor), (floor, ceil), (ceil, floor), (ceil, ceil).
+    corners = [
+        (row_lo, col_lo, one_minus_dh, one_minus_dw),
+        (row_lo, col_hi, one_minus_dh, dw),
+        (row_hi, col_lo, dh, one_minus_dw),
+        (row_hi, col_hi, dh, dw),
+    ]
+    for c, (row, col, row_weight, col_weight) in enumerate(corners):
+        torch.add(row, col, out=indices[c])
+        torch.mul(row_weight, col_weight, out=weights[c])
+    return indices.view(4, -1), weights.view(4, -1)
+
+
+def _block_rows(hidden: int, device: torch.device) -> int:
+    return max(1, _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1))
 
 
 class _BilinearGather(torch.autograd.Function):
     """out[r] = sum_c table[indices[c, r]] * weights[c, r], without keeping the gathered rows alive for backward.
 
-    ``weights`` are float32. Forward rounds them to the table's dtype and multiplies and adds in upstream's order
-    (bit-identical results). Backward scatters ``grad * weight`` into the table in float32 with the fp32 weights, so
+    ``weights`` are float32. Forward rounds them to the table's dtype, then multiplies and adds in upstream's order
+    and dtype (bit-identical results), a block of rows at a time: one gather of the block's four corners, one
+    multiply, three adds. Backward scatters ``grad * weight`` into a float32 table gradient with the fp32 weights, so
     a bf16 table gets the fp32 gradient rounded once.
     """
 
     @staticmethod
     def forward(ctx, table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         num_rows, hidden = indices.shape[1], table.shape[1]
+        step = _block_rows(hidden, table.device)
         out = table.new_empty(num_rows, hidden)
-        blocks = _blocks(num_rows, hidden, table.device)
-        corner = table.new_empty(min(blocks.step, num_rows), hidden)
-        for start in blocks:
-            stop = min(start + blocks.step, num_rows)
-            # Upstream rounds the fp32 weights to the table's dtype before multiplying.
-            w = weights[:, start:stop, None].to(table.dtype)
-            out_block = out[start:stop]
-            torch.index_select(table, 0, indices[0, start:stop], out=out_block).mul_(w[0])
-            for c in range(1, 4):
-                tmp = torch.index_select(table, 0, indices[c, start:stop], out=corner[: stop - start])
-                out_block.add_(tmp.mul_(w[c]))
+        corners = table.new_empty(4 * min(step, num_rows), hidden)
+        for start in range(0, num_rows, step):
+            stop = min(start + step, num_rows)
+            flat = corners[: 4 * (stop - start)]
+            torch.index_select(table, 0, indices[:, start:stop].reshape(-1), out=flat)
+            block = flat.view(4, stop - start, hidden).mul_(weights[:, start:stop, None].to(table.dtype))
+            torch.add(block[0], block[1], out=out[start:stop]).add_(block[2]).add_(block[3])
         ctx.save_for_backward(indices, weights)
         ctx.table_shape = table.shape
         return out
@@ -105,12 +166,11 @@ class _BilinearGather(torch.autograd.Function):
         indices, weights = ctx.saved_tensors
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
         num_rows, hidden = grad_out.shape
-        blocks = _blocks(num_rows, hidden, grad_out.device)
-        for start in blocks:
-            stop = min(start + blocks.step, num_rows)
-            g = grad_out[start:stop].float()
-            for c in range(4):
-                grad.index_add_(0, indices[c, start:stop], g * weights[c, start:stop, None])
+        step = _block_rows(hidden, grad_out.device)
+        for start in range(0, num_rows, step):
+            stop = min(start + step, num_rows)
+            contributions = grad_out[None, start:stop].float() * weights[:, start:stop, None]
+            grad.index_add_(0, indices[:, start:stop].reshape(-1), contributions.view(-1, hidden))
         return grad.to(grad_out.dtype), None, None
 
 
@@ -134,31 +194,5 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     if not grid:
         return table[:0].clone()
 
-    num_rows = sum(t * h * w for t, h, w in grid)
-    max_n = max(max(h, w) for _, h, w in grid)
-    _, floor, ceil, frac = _grid_values(side, max_n, device)
-
-    g = grid_thw.to(device=device, dtype=torch.long)
-    t, h, w = g.unbind(1)
-    frame = h * w
-    rows_per_item = t * frame
-    item = torch.repeat_interleave(torch.arange(len(grid), device=device), rows_per_item, output_size=num_rows)
-    first_row = torch.cumsum(rows_per_item, 0) - rows_per_item
-    # Position inside one frame, in merge order: (block row, block col, row in block, col in block).
-    q = (torch.arange(num_rows, device=device) - first_row[item]) % frame[item]
-    in_block = q % (merge * merge)
-    block = q // (merge * merge)
-    blocks_per_row = (w // merge)[item]
-    row = (block // blocks_per_row) * merge + in_block // merge
-    col = (block % blocks_per_row) * merge + in_block % merge
-    # Row n of the cached tables starts at n * (n - 1) / 2.
-    hi = (h * (h - 1) // 2)[item] + row
-    wi = (w * (w - 1) // 2)[item] + col
-
-    h_floor, h_ceil, dh = floor[hi], ceil[hi], frac[hi]
-    w_floor, w_ceil, dw = floor[wi], ceil[wi], frac[wi]
-    indices = torch.stack(
-        [h_floor * side + w_floor, h_floor * side + w_ceil, h_ceil * side + w_floor, h_ceil * side + w_ceil]
-    )
-    weights = torch.stack([(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw])
+    indices, weights = _corners(grid_thw, grid, side, merge)
     return _BilinearGather.apply(table, indices, weights)
