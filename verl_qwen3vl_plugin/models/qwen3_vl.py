@@ -86,11 +86,11 @@ def _grid_tables(side: int, max_n: int, device: torch.device) -> _GridTables:
 
 
 def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Table rows (int32) and fp32 weights of the four corners of every output row, (4, rows) each.
+    """Table rows (int32) and fp32 weights of the four corners of every patch, (4, merge * merge, blocks) each.
 
     Built per merge block rather than per patch: a block's m x m patches share one block row and one block column,
-    so its m grid rows and m grid columns are looked up once and crossed by broadcasting, which also lays the result
-    out in the vision tower's merge order.
+    so its m grid rows and m grid columns are looked up once and crossed by broadcasting. Patch p of block b is
+    output row b * m * m + p (the vision tower's merge order).
     """
     device = grid_thw.device
     num_blocks = sum(t * h * w for t, h, w in grid) // (merge * merge)
@@ -108,17 +108,17 @@ def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: in
     per_row = blocks_per_row[item]
     block_row = block // per_row
     block_col = block - block_row * per_row
-    offsets = torch.arange(merge, device=device, dtype=torch.int32)
-    # (blocks, merge) positions in the tables; torch.take wants int64.
-    rows = ((block_row * merge + (h * (h - 1) // 2)[item]).unsqueeze(1) + offsets).long()
-    cols = ((block_col * merge + (w * (w - 1) // 2)[item]).unsqueeze(1) + offsets).long()
+    # (merge, blocks) positions in the tables, the blocks innermost so that every op below runs over long rows.
+    offsets = torch.arange(merge, device=device, dtype=torch.int32)[:, None]
+    rows = (offsets + (block_row * merge + (h * (h - 1) // 2)[item])).long()  # torch.take wants int64
+    cols = (offsets + (block_col * merge + (w * (w - 1) // 2)[item])).long()
 
-    row_lo, row_hi = tables.floor_x_side.take(rows)[:, :, None], tables.ceil_x_side.take(rows)[:, :, None]
-    dh, one_minus_dh = tables.frac.take(rows)[:, :, None], tables.one_minus_frac.take(rows)[:, :, None]
-    col_lo, col_hi = tables.floor.take(cols)[:, None, :], tables.ceil.take(cols)[:, None, :]
-    dw, one_minus_dw = tables.frac.take(cols)[:, None, :], tables.one_minus_frac.take(cols)[:, None, :]
-    indices = torch.empty(4, num_blocks, merge, merge, dtype=torch.int32, device=device)
-    weights = torch.empty(4, num_blocks, merge, merge, dtype=torch.float32, device=device)
+    row_lo, row_hi = tables.floor_x_side.take(rows)[:, None], tables.ceil_x_side.take(rows)[:, None]
+    dh, one_minus_dh = tables.frac.take(rows)[:, None], tables.one_minus_frac.take(rows)[:, None]
+    col_lo, col_hi = tables.floor.take(cols)[None], tables.ceil.take(cols)[None]
+    dw, one_minus_dw = tables.frac.take(cols)[None], tables.one_minus_frac.take(cols)[None]
+    indices = torch.empty(4, merge, merge, num_blocks, dtype=torch.int32, device=device)
+    weights = torch.empty(4, merge, merge, num_blocks, dtype=torch.float32, device=device)
     # Upstream's corner order and products: (floor, floor), (floor, ceil), (ceil, floor), (ceil, ceil).
     corners = [
         (row_lo, col_lo, one_minus_dh, one_minus_dw),
@@ -129,34 +129,43 @@ def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: in
     for c, (row, col, row_weight, col_weight) in enumerate(corners):
         torch.add(row, col, out=indices[c])
         torch.mul(row_weight, col_weight, out=weights[c])
-    return indices.view(4, -1), weights.view(4, -1)
+    return indices.view(4, merge * merge, num_blocks), weights.view(4, merge * merge, num_blocks)
 
 
-def _block_rows(hidden: int, device: torch.device) -> int:
-    return max(1, _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1))
+def _blocks_per_step(hidden: int, patches_per_block: int, device: torch.device) -> int:
+    rows = _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1)
+    return max(1, rows // patches_per_block)
+
+
+def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """(4, patches_per_block, blocks) -> (4, rows) for blocks start..stop, rows in output order."""
+    return x[:, :, start:stop].transpose(1, 2).reshape(4, -1)
 
 
 class _BilinearGather(torch.autograd.Function):
     """out[r] = sum_c table[indices[c, r]] * weights[c, r], without keeping the gathered rows alive for backward.
 
-    ``weights`` are float32. Forward rounds them to the table's dtype, then multiplies and adds in upstream's order
-    and dtype (bit-identical results), a block of rows at a time: one gather of the block's four corners, one
-    multiply, three adds. Backward scatters ``grad * weight`` into a float32 table gradient with the fp32 weights, so
-    a bf16 table gets the fp32 gradient rounded once.
+    ``indices`` and ``weights`` (fp32) come from ``_corners``. Forward rounds the weights to the table's dtype, then
+    multiplies and adds in upstream's order and dtype (bit-identical results), a step of merge blocks at a time: one
+    gather of the step's four corners, one multiply, three adds. Backward scatters ``grad * weight`` into a float32
+    table gradient with the fp32 weights, so a bf16 table gets the fp32 gradient rounded once.
     """
 
     @staticmethod
     def forward(ctx, table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        num_rows, hidden = indices.shape[1], table.shape[1]
-        step = _block_rows(hidden, table.device)
-        out = table.new_empty(num_rows, hidden)
-        corners = table.new_empty(4 * min(step, num_rows), hidden)
-        for start in range(0, num_rows, step):
-            stop = min(start + step, num_rows)
-            flat = corners[: 4 * (stop - start)]
-            torch.index_select(table, 0, indices[:, start:stop].reshape(-1), out=flat)
-            block = flat.view(4, stop - start, hidden).mul_(weights[:, start:stop, None].to(table.dtype))
-            torch.add(block[0], block[1], out=out[start:stop]).add_(block[2]).add_(block[3])
+        _, per_block, num_blocks = indices.shape
+        hidden = table.shape[1]
+        step = _blocks_per_step(hidden, per_block, table.device)
+        out = table.new_empty(num_blocks * per_block, hidden)
+        corners = table.new_empty(4 * min(step, num_blocks) * per_block, hidden)
+        for start in range(0, num_blocks, step):
+            stop = min(start + step, num_blocks)
+            rows = (stop - start) * per_block
+            flat = corners[: 4 * rows]
+            torch.index_select(table, 0, _rows(indices, start, stop).reshape(-1), out=flat)
+            block = flat.view(4, rows, hidden).mul_(_rows(weights, start, stop).to(table.dtype)[:, :, None])
+            out_rows = out[start * per_block : stop * per_block]
+            torch.add(block[0], block[1], out=out_rows).add_(block[2]).add_(block[3])
         ctx.save_for_backward(indices, weights)
         ctx.table_shape = table.shape
         return out
@@ -164,13 +173,15 @@ class _BilinearGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         indices, weights = ctx.saved_tensors
+        _, per_block, num_blocks = indices.shape
+        hidden = grad_out.shape[1]
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
-        num_rows, hidden = grad_out.shape
-        step = _block_rows(hidden, grad_out.device)
-        for start in range(0, num_rows, step):
-            stop = min(start + step, num_rows)
-            contributions = grad_out[None, start:stop].float() * weights[:, start:stop, None]
-            grad.index_add_(0, indices[:, start:stop].reshape(-1), contributions.view(-1, hidden))
+        step = _blocks_per_step(hidden, per_block, grad_out.device)
+        for start in range(0, num_blocks, step):
+            stop = min(start + step, num_blocks)
+            g = grad_out[None, start * per_block : stop * per_block].float()
+            contributions = g * _rows(weights, start, stop)[:, :, None]
+            grad.index_add_(0, _rows(indices, start, stop).reshape(-1), contributions.view(-1, hidden))
         return grad.to(grad_out.dtype), None, None
 
 
