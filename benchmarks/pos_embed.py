@@ -1,0 +1,193 @@
+"""Benchmark: the plugin's ``fast_pos_embed_interpolate`` against verl's in-tree version and transformers' own method,
+measured in the same run (run it on a stack that has both: verl 0.8.0 + transformers 5.3.0, ``nox -s bench``).
+
+Every figure is a ratio against an upstream implementation timed in the same process: implementations alternate
+within each repeat, and each time is the median of ``--repeats`` runs. Peak memory is measured separately, one call
+per fresh process: the resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the
+resident set before the call, less the output itself, relative to the output's size.
+
+    python benchmarks/pos_embed.py [--repeats 3] [--threads 1] [--plot docs/performance.png] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+CASES = {
+    "64 images": lambda: geo3k_like(64),
+    "256 images": lambda: geo3k_like(256),
+    "4 videos 16x32x32": lambda: [[16, 32, 32]] * 4,
+    "1 image 128x128": lambda: [[1, 128, 128]],
+}
+PLOT_IMAGES = (4, 16, 64, 256)
+
+
+def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
+    """geo3k figures are a few hundred pixels a side: patch grids of 16..64 (even) per side."""
+    rng = random.Random(seed)
+    return [[1, 2 * rng.randint(8, 32), 2 * rng.randint(8, 32)] for _ in range(n)]
+
+
+def implementations() -> dict[str, Callable]:
+    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.selftest import pos_embed_references
+
+    return {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
+
+
+def tower(hidden: int, dtype: torch.dtype):
+    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
+
+    return vision_tower(hidden=hidden, dtype=dtype)
+
+
+def run_once(fn: Callable, model, grid: torch.Tensor, backward: bool, grad_out: torch.Tensor | None) -> float:
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    if backward:
+        fn(model, grid).backward(grad_out)
+    else:
+        with torch.no_grad():
+            fn(model, grid)
+    return time.perf_counter() - start
+
+
+def time_case(impls: dict[str, Callable], grid_rows, hidden, dtype, backward, repeats) -> dict[str, float]:
+    model, grid = tower(hidden, dtype), torch.tensor(grid_rows)
+    rows = int(grid.prod(-1).sum())
+    grad_out = torch.randn(rows, hidden, dtype=dtype) if backward else None
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    for fn in impls.values():  # warm-up (caches, lazy init)
+        run_once(fn, model, grid, backward, grad_out)
+    for _ in range(repeats):
+        for name, fn in impls.items():
+            times[name].append(run_once(fn, model, grid, backward, grad_out))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_memory_child(impl: str, case: str, hidden: int, dtype: str, backward: bool) -> float:
+    """In a fresh process: (peak resident growth during one call - output bytes) / output bytes."""
+    fn = implementations()[impl]
+    model, grid = tower(hidden, getattr(torch, dtype)), torch.tensor(CASES[case]())
+    rows = int(grid.prod(-1).sum())
+    out_bytes = rows * hidden * model.pos_embed.weight.element_size()
+    grad_out = torch.randn(rows, hidden, dtype=getattr(torch, dtype)) if backward else None
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set
+    before = _status_kb("VmRSS")
+    run_once(fn, model, grid, backward, grad_out)
+    grown = (_status_kb("VmHWM") - before) * 1024
+    return (grown - out_bytes) / out_bytes
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory(impl: str, case: str, hidden: int, dtype: str, backward: bool, threads: int) -> float:
+    args = [sys.executable, __file__, "--memory-child", json.dumps([impl, case, hidden, dtype, backward])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--plot", help="write a PNG of time against number of images")
+    parser.add_argument("--json", help="write all measurements as JSON")
+    parser.add_argument("--case", action="append", choices=list(CASES), help="only these cases (repeatable)")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.memory_child:
+        print(peak_memory_child(*json.loads(args.memory_child)))
+        return
+
+    impls = implementations()
+    upstream = [name for name in impls if name != "plugin"]
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), CPU {capability}, median of {args.repeats}")
+    print(f"ratios: upstream time / plugin time, upstream = {', '.join(upstream)}")
+    header = f"{'case':20} {'hidden':>6} {'dtype':9} {'pass':8} {'plugin s':>9} " + " ".join(
+        f"{name + ' s':>13} {'x vs ' + name:>16}" for name in upstream
+    )
+    print(header)
+    results = []
+    for case, make in CASES.items():
+        if args.case and case not in args.case:
+            continue
+        for hidden in (1152, 16):
+            for dtype in (torch.float32, torch.bfloat16):
+                for backward in (False, True):
+                    t = time_case(impls, make(), hidden, dtype, backward, args.repeats)
+                    row = dict(case=case, hidden=hidden, dtype=str(dtype)[6:], backward=backward, seconds=t)
+                    results.append(row)
+                    line = f"{case:20} {hidden:6} {row['dtype']:9} {'fwd+bwd' if backward else 'fwd':8} "
+                    line += f"{t['plugin']:9.4f} " + " ".join(
+                        f"{t[n]:13.4f} {t[n] / t['plugin']:15.1f}x" for n in upstream
+                    )
+                    print(line, flush=True)
+
+    if not args.skip_memory:
+        print("\npeak extra memory during one call, relative to the output (64 images, fresh process each):")
+        for hidden in (1152, 16):
+            for dtype in ("float32", "bfloat16"):
+                for backward in (False, True):
+                    mem = {n: peak_memory(n, "64 images", hidden, dtype, backward, args.threads) for n in impls}
+                    results.append(dict(case="64 images", hidden=hidden, dtype=dtype, backward=backward, memory=mem))
+                    print(f"  hidden {hidden:4} {dtype:9} {'fwd+bwd' if backward else 'fwd':8} "
+                          + "  ".join(f"{n}: {m:5.2f}x" for n, m in mem.items()), flush=True)  # fmt: skip
+
+    if args.plot:
+        sweep = {}
+        for n in PLOT_IMAGES:
+            sweep[n] = time_case(impls, geo3k_like(n), 1152, torch.float32, False, args.repeats)
+        results.append(dict(sweep={str(n): t for n, t in sweep.items()}))
+        plot(sweep, args.plot)
+        print(f"\nplot: {args.plot}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def plot(sweep: dict[int, dict[str, float]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in next(iter(sweep.values())):
+        ax.plot(list(sweep), [t[name] for t in sweep.values()], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("geo3k-like images per call (16..64 patches a side)")
+    ax.set_ylabel("seconds per forward (CPU, 1 thread)")
+    ax.set_title("fast_pos_embed_interpolate, hidden 1152, fp32")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
