@@ -10,9 +10,9 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from types import ModuleType
+from typing import NamedTuple
 
 logger = logging.getLogger("verl_qwen3vl_plugin")
 # Same switch as verl's own modules: VERL_LOGGING_LEVEL=INFO shows the per-patch lines; a bad value is ignored here.
@@ -36,8 +36,7 @@ class Status(str, Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(NamedTuple):  # a NamedTuple, not a dataclass: 0.1 ms instead of 0.7 ms at `import verl`
     name: str
     status: Status
     reason: str
