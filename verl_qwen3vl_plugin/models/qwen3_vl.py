@@ -7,8 +7,9 @@ the CPU while the patches live on the accelerator, and the vision forward fails 
 a ``.tolist()`` per patch and two blocking host-to-device copies per call.
 
 How: one function serves ``Qwen3VLVisionModel`` and ``Qwen3VLMoeVisionModel``. It reads ``grid_thw`` to the host once
-(the only device-to-host sync), then builds every index and weight on ``grid_thw.device`` with tensor ops, moving the
-table there (never the result) so gradients still reach the parameter. The interpolation grid values come from
+(the only device-to-host sync), then builds every index and weight on ``grid_thw.device`` with tensor ops. The table
+is fetched whole through ``self.pos_embed`` with ids on that device, so FSDP gathers it there and gradients reach the
+parameter through the module; the result is never moved. The interpolation grid values come from
 ``torch.linspace`` on the CPU, exactly as upstream computes them (the CPU kernel rounds its upper half differently
 per vector ISA, so no closed form is bit-identical everywhere), cached per device so a steady state copies nothing.
 Corner products and sums run in upstream's order and dtype, which makes the output bit-identical to upstream's.
@@ -208,7 +209,10 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     device = grid_thw.device
     grid = grid_thw.tolist() if grid_thw.dim() == 2 else []  # the one device-to-host sync
     validate_grid_thw(grid_thw, grid, merge)
-    table = self.pos_embed.weight.to(device)  # differentiable: gradients flow back to an offloaded table
+    # The whole table, fetched through the module like upstream's lookup: FSDP (1 or 2, CPU offload or not) gathers
+    # and places the weight only inside pos_embed's own forward, so reading `.weight` here would see a shard.
+    # ids on grid_thw's device: that is where FSDP2 with CPU offload puts the gathered weight.
+    table = self.pos_embed(torch.arange(self.pos_embed.num_embeddings, device=device)).to(device)
     if not grid:
         return table[:0].clone()
 
