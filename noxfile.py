@@ -47,6 +47,17 @@ def doctor(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """CPU benchmarks (docs/performance.md): verl 0.8.0 + transformers 5.3.0 has both upstream implementations.
+
+    A regular (not editable) install, as users have it: the import cost depends on it.
+    """
+    session.install(TORCH, *STACKS["verl0.8.0-tf5.3.0"], ".", "matplotlib")
+    session.run("python", "benchmarks/pos_embed.py", "--plot", "docs/performance.png", *session.posargs)
+    session.run("python", "benchmarks/import_cost.py")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "format", "--check", ".")

@@ -1,0 +1,152 @@
+"""GPU checks of the interpolation patch, for a session lent a CUDA device. One process, one GPU, ~1 minute.
+
+Needs torch with CUDA, transformers 4.57.x to 5.8.x (the versions whose vision forward calls the method; the
+original report is on 4.57.6), and this package. verl >= 0.8 is optional: its in-tree version joins the timings.
+
+  1. FSDP2 with CPU offload (``fully_shard`` + ``CPUOffloadPolicy``, ``pos_embed`` in its own unit as verl wraps it)
+     on a tiny Qwen3-VL vision tower: forward + backward fails with the device mismatch with transformers' method,
+     and works with the plugin's, whose gradient reaches the offloaded table.
+  2. Device-to-host syncs per call, counted with ``torch.cuda.set_sync_debug_mode``: exactly 1.
+  3. CUDA-event timings against the upstream implementations on 64 geo3k-like images (goal: >= 20x vs verl's).
+
+    python benchmarks/gpu_check.py        # exits 1 if a check fails
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+
+def vision_tower(hidden: int = 1152, table: int = 2304):
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from verl_qwen3vl_plugin.testing.tiny_models import VISION
+
+    torch.manual_seed(0)
+    config = Qwen3VLVisionConfig(**{**VISION, "hidden_size": hidden, "out_hidden_size": hidden,
+                                    "num_heads": 1, "num_position_embeddings": table})  # fmt: skip
+    return Qwen3VLVisionModel(config)
+
+
+def check_fsdp2_cpu_offload() -> bool:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.testing.tiny_models import VISION, pixel_values
+
+    upstream = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
+    mesh = init_device_mesh("cuda", (1,))
+    grid = torch.tensor([[1, 4, 6], [2, 8, 8]], device="cuda")
+    pixels = pixel_values(grid.cpu()).cuda()
+    outcome = {}
+    for name, fn in (("transformers", upstream), ("plugin", fast_pos_embed_interpolate)):
+        Qwen3VLVisionModel.fast_pos_embed_interpolate = fn
+        model = vision_tower(hidden=VISION["hidden_size"], table=VISION["num_position_embeddings"])
+        for module in [model.pos_embed, *model.blocks, model]:
+            fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
+        try:
+            out = model(pixels, grid_thw=grid)
+            out = out[0] if isinstance(out, tuple) else getattr(out, "pooler_output", out)
+            out.float().square().sum().backward()
+            grad = model.pos_embed.weight.grad
+            outcome[name] = (
+                f"ok (table grad on {grad.device}, finite: {bool(torch.isfinite(grad.full_tensor()).all())})"
+            )
+        except RuntimeError as exc:
+            outcome[name] = f"RuntimeError: {str(exc).splitlines()[0]}"
+    Qwen3VLVisionModel.fast_pos_embed_interpolate = upstream
+    for name, result in outcome.items():
+        print(f"  FSDP2 + CPU offload, {name:12}: {result}")
+    return "device" in outcome["transformers"] and outcome["plugin"].startswith("ok")
+
+
+def geo3k_grid(n: int) -> torch.Tensor:
+    rng = random.Random(0)
+    return torch.tensor([[1, 2 * rng.randint(8, 32), 2 * rng.randint(8, 32)] for _ in range(n)], device="cuda")
+
+
+def check_syncs() -> bool:
+    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+
+    model, grid = vision_tower().cuda(), geo3k_grid(64)
+    fast_pos_embed_interpolate(model, grid)  # warm-up: the grid tables are copied to the device once
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        fast_pos_embed_interpolate(model, grid)
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    print(f"  device-to-host syncs in one call: {len(syncs)}")
+    for w in syncs:
+        print(f"    {w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}")
+    return len(syncs) == 1
+
+
+def check_timings(repeats: int = 10) -> bool:
+    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.selftest import pos_embed_references
+
+    impls = {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
+    grid = geo3k_grid(64)
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        model = vision_tower().cuda().to(dtype)
+        for backward in (False, True):
+            times = {name: [] for name in impls}
+            for _ in range(repeats + 1):  # the first round warms up
+                for name, fn in impls.items():
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    model.zero_grad(set_to_none=True)
+                    start.record()
+                    if backward:
+                        fn(model, grid).float().sum().backward()
+                    else:
+                        with torch.no_grad():
+                            fn(model, grid)
+                    stop.record()
+                    torch.cuda.synchronize()
+                    times[name].append(start.elapsed_time(stop))
+            median = {name: statistics.median(ts[1:]) for name, ts in times.items()}
+            ratios = "  ".join(f"{n} {median[n]:8.2f} ms ({median[n] / median['plugin']:5.1f}x)" for n in impls)
+            print(f"  64 images, hidden 1152, {str(dtype)[6:]:8} {'fwd+bwd' if backward else 'fwd':7}: {ratios}")
+            if "verl" in median and not backward and median["verl"] / median["plugin"] < 20:
+                ok = False
+    return ok
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device", file=sys.stderr)
+        return 2
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    results = {}
+    for name, check in (("fsdp2_cpu_offload", check_fsdp2_cpu_offload), ("syncs", check_syncs),
+                        ("timings", check_timings)):  # fmt: skip
+        print(f"{name}:")
+        try:
+            results[name] = check()
+        except Exception as exc:  # report every check, even after one crashed
+            print(f"  crashed: {type(exc).__name__}: {exc}")
+            results[name] = False
+    dist.destroy_process_group()
+    print("result: " + ", ".join(f"{n} {'ok' if r else 'FAILED'}" for n, r in results.items()))
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
