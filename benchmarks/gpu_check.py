@@ -24,21 +24,10 @@ import torch
 import torch.distributed as dist
 
 
-def vision_tower(hidden: int = 1152, table: int = 2304):
-    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
-
-    from verl_qwen3vl_plugin.testing.tiny_models import VISION
-
-    torch.manual_seed(0)
-    config = Qwen3VLVisionConfig(**{**VISION, "hidden_size": hidden, "out_hidden_size": hidden,
-                                    "num_heads": 1, "num_position_embeddings": table})  # fmt: skip
-    return Qwen3VLVisionModel(config)
-
-
 def check_fsdp2_cpu_offload() -> bool:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
@@ -51,7 +40,8 @@ def check_fsdp2_cpu_offload() -> bool:
     outcome = {}
     for name, fn in (("transformers", upstream), ("plugin", fast_pos_embed_interpolate)):
         Qwen3VLVisionModel.fast_pos_embed_interpolate = fn
-        model = vision_tower(hidden=VISION["hidden_size"], table=VISION["num_position_embeddings"])
+        torch.manual_seed(0)
+        model = Qwen3VLVisionModel(Qwen3VLVisionConfig(**VISION))
         for module in [model.pos_embed, *model.blocks, model]:
             fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
         try:
@@ -59,9 +49,7 @@ def check_fsdp2_cpu_offload() -> bool:
             out = out[0] if isinstance(out, tuple) else getattr(out, "pooler_output", out)
             out.float().square().sum().backward()
             grad = model.pos_embed.weight.grad
-            outcome[name] = (
-                f"ok (table grad on {grad.device}, finite: {bool(torch.isfinite(grad.full_tensor()).all())})"
-            )
+            outcome[name] = f"ok (table grad on {grad.device}, finite: {bool(torch.isfinite(grad.to_local()).all())})"
         except RuntimeError as exc:
             outcome[name] = f"RuntimeError: {str(exc).splitlines()[0]}"
     Qwen3VLVisionModel.fast_pos_embed_interpolate = upstream
@@ -77,8 +65,9 @@ def geo3k_grid(n: int) -> torch.Tensor:
 
 def check_syncs() -> bool:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
 
-    model, grid = vision_tower().cuda(), geo3k_grid(64)
+    model, grid = vision_tower(hidden=1152).cuda(), geo3k_grid(64)
     fast_pos_embed_interpolate(model, grid)  # warm-up: the grid tables are copied to the device once
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -96,12 +85,13 @@ def check_syncs() -> bool:
 def check_timings(repeats: int = 10) -> bool:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest import pos_embed_references
+    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
 
     impls = {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
     grid = geo3k_grid(64)
     ok = True
     for dtype in (torch.float32, torch.bfloat16):
-        model = vision_tower().cuda().to(dtype)
+        model = vision_tower(hidden=1152, dtype=dtype).cuda()
         for backward in (False, True):
             times = {name: [] for name in impls}
             for _ in range(repeats + 1):  # the first round warms up
