@@ -89,16 +89,14 @@ def _grid_tables(side: int, max_n: int, device: torch.device) -> _GridTables:
     return cached
 
 
-def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Table rows (int32) and fp32 weights of the four corners of every patch, (4, merge * merge, blocks) each.
+def _block_positions(grid_thw: torch.Tensor, grid: list[list[int]], merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each merge block's grid rows and grid columns sit in the grid tables: (merge, blocks) int32 each.
 
-    Built per merge block rather than per patch: a block's m x m patches share one block row and one block column,
-    so its m grid rows and m grid columns are looked up once and crossed by broadcasting. Patch p of block b is
-    output row b * m * m + p (the vision tower's merge order).
+    A block's m x m patches share one block row and one block column, so the per-patch work reduces to crossing
+    m rows with m columns (``_corners``). Blocks are innermost, so every op runs over long rows.
     """
     device = grid_thw.device
     num_blocks = sum(t * h * w for t, h, w in grid) // (merge * merge)
-    tables = _grid_tables(side, max(max(h, w) for _, h, w in grid), device)
     t, h, w = grid_thw.to(device=device, dtype=torch.int32).unbind(1)
     blocks_per_row = w // merge
     frame_blocks = (h // merge) * blocks_per_row
@@ -112,17 +110,24 @@ def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: in
     per_row = blocks_per_row[item]
     block_row = block // per_row
     block_col = block - block_row * per_row
-    # (merge, blocks) positions in the tables, the blocks innermost so that every op below runs over long rows.
     offsets = torch.arange(merge, device=device, dtype=torch.int32)[:, None]
-    rows = (offsets + (block_row * merge + (h * (h - 1) // 2)[item])).long()  # torch.take wants int64
-    cols = (offsets + (block_col * merge + (w * (w - 1) // 2)[item])).long()
+    # Grid n starts at n * (n - 1) / 2 in the tables.
+    rows = offsets + (block_row * merge + (h * (h - 1) // 2)[item])
+    cols = offsets + (block_col * merge + (w * (w - 1) // 2)[item])
+    return rows, cols
 
+
+def _corners(tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Table rows and fp32 weights of the four corners of the given blocks' patches, (4, patches) each, in output
+    order (patch p of block b is row b * m * m + p: the vision tower's merge order)."""
+    merge, num_blocks = rows.shape
+    rows, cols = rows.long(), cols.long()  # torch.take wants int64
     row_lo, row_hi = tables.floor_x_side.take(rows)[:, None], tables.ceil_x_side.take(rows)[:, None]
     dh, one_minus_dh = tables.frac.take(rows)[:, None], tables.one_minus_frac.take(rows)[:, None]
     col_lo, col_hi = tables.floor.take(cols)[None], tables.ceil.take(cols)[None]
     dw, one_minus_dw = tables.frac.take(cols)[None], tables.one_minus_frac.take(cols)[None]
-    indices = torch.empty(4, merge, merge, num_blocks, dtype=torch.int32, device=device)
-    weights = torch.empty(4, merge, merge, num_blocks, dtype=torch.float32, device=device)
+    indices = torch.empty(4, merge, merge, num_blocks, dtype=torch.int64, device=rows.device)
+    weights = torch.empty(4, merge, merge, num_blocks, dtype=torch.float32, device=rows.device)
     # Upstream's corner order and products: (floor, floor), (floor, ceil), (ceil, floor), (ceil, ceil).
     corners = [
         (row_lo, col_lo, one_minus_dh, one_minus_dw),
@@ -133,64 +138,62 @@ def _corners(grid_thw: torch.Tensor, grid: list[list[int]], side: int, merge: in
     for c, (row, col, row_weight, col_weight) in enumerate(corners):
         torch.add(row, col, out=indices[c])
         torch.mul(row_weight, col_weight, out=weights[c])
-    return indices.view(4, merge * merge, num_blocks), weights.view(4, merge * merge, num_blocks)
+    return indices.permute(0, 3, 1, 2).reshape(4, -1), weights.permute(0, 3, 1, 2).reshape(4, -1)
 
 
-def _blocks_per_step(hidden: int, patches_per_block: int, device: torch.device) -> int:
+def _steps(num_blocks: int, patches_per_block: int, hidden: int, device: torch.device) -> range:
+    """Ranges of merge blocks processed at once: about _BLOCK_ELEMENTS per corner, and at most an eighth of the
+    blocks, so the step's four corners never take more than half the output's memory."""
     rows = _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1)
-    return max(1, rows // patches_per_block)
-
-
-def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """(4, patches_per_block, blocks) -> (4, rows) for blocks start..stop, rows in output order."""
-    return x[:, :, start:stop].transpose(1, 2).reshape(4, -1)
+    step = max(1, min(rows // patches_per_block, num_blocks // 8))
+    return range(0, num_blocks, step)
 
 
 class _BilinearGather(torch.autograd.Function):
-    """out[r] = sum_c table[indices[c, r]] * weights[c, r], without keeping the gathered rows alive for backward.
+    """out[r] = sum_c table[corner c of patch r] * weight[c, r], a step of merge blocks at a time.
 
-    ``indices`` and ``weights`` (fp32) come from ``_corners``. Forward rounds the weights to the table's dtype, then
-    multiplies and adds in upstream's order and dtype (bit-identical results), a step of merge blocks at a time: one
-    gather of the step's four corners, one multiply, three adds. Backward scatters ``grad * weight`` into a float32
-    table gradient with the fp32 weights, so a bf16 table gets the fp32 gradient rounded once.
+    Only the per-block grid positions are kept for backward: each step's corner indices and weights are rebuilt
+    when needed, so neither they nor the gathered rows ever exist for the whole output. Forward rounds the fp32
+    weights to the table's dtype, then multiplies and adds in upstream's order and dtype (bit-identical results):
+    one gather of the step's four corners, one multiply, three adds. Backward scatters ``grad * weight`` into a
+    float32 table gradient with the fp32 weights, so a bf16 table gets the fp32 gradient rounded once.
     """
 
     @staticmethod
-    def forward(ctx, table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        _, per_block, num_blocks = indices.shape
-        hidden = table.shape[1]
-        step = _blocks_per_step(hidden, per_block, table.device)
+    def forward(ctx, table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, tables: _GridTables) -> torch.Tensor:
+        merge, num_blocks = rows.shape
+        per_block, hidden = merge * merge, table.shape[1]
+        steps = _steps(num_blocks, per_block, hidden, table.device)
         out = table.new_empty(num_blocks * per_block, hidden)
-        corners = table.new_empty(4 * min(step, num_blocks) * per_block, hidden)
-        for start in range(0, num_blocks, step):
-            stop = min(start + step, num_blocks)
-            rows = (stop - start) * per_block
-            flat = corners[: 4 * rows]
-            torch.index_select(table, 0, _rows(indices, start, stop).reshape(-1), out=flat)
-            block = flat.view(4, rows, hidden).mul_(_rows(weights, start, stop).to(table.dtype)[:, :, None])
-            out_rows = out[start * per_block : stop * per_block]
-            torch.add(block[0], block[1], out=out_rows).add_(block[2]).add_(block[3])
-        ctx.save_for_backward(indices, weights)
-        ctx.table_shape = table.shape
+        corners = table.new_empty(4 * min(steps.step, num_blocks) * per_block, hidden)
+        for start in steps:
+            stop = min(start + steps.step, num_blocks)
+            indices, weights = _corners(tables, rows[:, start:stop], cols[:, start:stop])
+            flat = corners[: indices.numel()]
+            torch.index_select(table, 0, indices.view(-1), out=flat)
+            block = flat.view(4, -1, hidden).mul_(weights.to(table.dtype)[:, :, None])
+            torch.add(block[0], block[1], out=out[start * per_block : stop * per_block]).add_(block[2]).add_(block[3])
+        ctx.save_for_backward(rows, cols)
+        ctx.tables, ctx.table_shape = tables, table.shape
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        indices, weights = ctx.saved_tensors
-        _, per_block, num_blocks = indices.shape
-        hidden = grad_out.shape[1]
+        rows, cols = ctx.saved_tensors
+        merge, num_blocks = rows.shape
+        per_block, hidden = merge * merge, grad_out.shape[1]
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
-        step = _blocks_per_step(hidden, per_block, grad_out.device)
-        for start in range(0, num_blocks, step):
-            stop = min(start + step, num_blocks)
+        steps = _steps(num_blocks, per_block, hidden, grad_out.device)
+        for start in steps:
+            stop = min(start + steps.step, num_blocks)
+            indices, weights = _corners(ctx.tables, rows[:, start:stop], cols[:, start:stop])
             g = grad_out[None, start * per_block : stop * per_block].float()
-            contributions = (g * _rows(weights, start, stop)[:, :, None]).view(-1, hidden)
-            rows = _rows(indices, start, stop).reshape(-1)
+            contributions = (g * weights[:, :, None]).view(-1, hidden)
             if hidden < _INDEX_PUT_BELOW_HIDDEN:
-                grad.index_put_((rows.long(),), contributions, accumulate=True)
+                grad.index_put_((indices.view(-1),), contributions, accumulate=True)
             else:
-                grad.index_add_(0, rows, contributions)
-        return grad.to(grad_out.dtype), None, None
+                grad.index_add_(0, indices.view(-1), contributions)
+        return grad.to(grad_out.dtype), None, None, None
 
 
 def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -216,5 +219,6 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     if not grid:
         return table[:0].clone()
 
-    indices, weights = _corners(grid_thw, grid, side, merge)
-    return _BilinearGather.apply(table, indices, weights)
+    tables = _grid_tables(side, max(max(h, w) for _, h, w in grid), device)
+    rows, cols = _block_positions(grid_thw, grid, merge)
+    return _BilinearGather.apply(table, rows, cols, tables)
