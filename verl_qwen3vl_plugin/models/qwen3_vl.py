@@ -90,23 +90,21 @@ def _grid_tables(side: int, max_n: int, device: torch.device) -> _GridTables:
 
 
 def _block_positions(grid_thw: torch.Tensor, grid: list[list[int]], merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each merge block's grid rows and grid columns sit in the grid tables: (merge, blocks) int32 each.
+    """Where the merge blocks of each item's first frame find their grid rows and columns in the grid tables:
+    (merge, blocks) int32 each.
 
     A block's m x m patches share one block row and one block column, so the per-patch work reduces to crossing
     m rows with m columns (``_corners``). Blocks are innermost, so every op runs over long rows.
     """
     device = grid_thw.device
-    num_blocks = sum(t * h * w for t, h, w in grid) // (merge * merge)
-    t, h, w = grid_thw.to(device=device, dtype=torch.int32).unbind(1)
+    num_blocks = sum(h * w for _, h, w in grid) // (merge * merge)
+    _, h, w = grid_thw.to(device=device, dtype=torch.int32).unbind(1)
     blocks_per_row = w // merge
     frame_blocks = (h // merge) * blocks_per_row
-    item_blocks = t * frame_blocks
     item = torch.arange(len(grid), device=device, dtype=torch.int32)
-    item = torch.repeat_interleave(item, item_blocks, output_size=num_blocks)
-    first_block = torch.cumsum(item_blocks, 0, dtype=torch.int32) - item_blocks
+    item = torch.repeat_interleave(item, frame_blocks, output_size=num_blocks)
+    first_block = torch.cumsum(frame_blocks, 0, dtype=torch.int32) - frame_blocks
     block = torch.arange(num_blocks, device=device, dtype=torch.int32) - first_block[item]
-    if any(row[0] > 1 for row in grid):  # videos: every frame repeats the first frame's blocks
-        block = block % frame_blocks[item]
     per_row = blocks_per_row[item]
     block_row = block // per_row
     block_col = block - block_row * per_row
@@ -150,7 +148,8 @@ def _steps(num_blocks: int, patches_per_block: int, hidden: int, device: torch.d
 
 
 class _BilinearGather(torch.autograd.Function):
-    """out[r] = sum_c table[corner c of patch r] * weight[c, r], a step of merge blocks at a time.
+    """out[r] = sum_c table[corner c of patch r] * weight[c, r], a step of merge blocks at a time, for the first
+    frame of each item; ``frame_rows`` (when given) then copies first-frame rows to every frame.
 
     Only the per-block grid positions are kept for backward: each step's corner indices and weights are rebuilt
     when needed, so neither they nor the gathered rows ever exist for the whole output. Forward rounds the fp32
@@ -160,7 +159,14 @@ class _BilinearGather(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, tables: _GridTables) -> torch.Tensor:
+    def forward(
+        ctx,
+        table: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        tables: _GridTables,
+        frame_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
         merge, num_blocks = rows.shape
         per_block, hidden = merge * merge, table.shape[1]
         steps = _steps(num_blocks, per_block, hidden, table.device)
@@ -173,13 +179,16 @@ class _BilinearGather(torch.autograd.Function):
             torch.index_select(table, 0, indices.view(-1), out=flat)
             block = flat.view(4, -1, hidden).mul_(weights.to(table.dtype)[:, :, None])
             torch.add(block[0], block[1], out=out[start * per_block : stop * per_block]).add_(block[2]).add_(block[3])
-        ctx.save_for_backward(rows, cols)
-        ctx.tables, ctx.table_shape = tables, table.shape
-        return out
+        ctx.save_for_backward(rows, cols, frame_rows)
+        ctx.tables, ctx.table_shape, ctx.table_dtype = tables, table.shape, table.dtype
+        return out if frame_rows is None else out.index_select(0, frame_rows)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        rows, cols = ctx.saved_tensors
+        rows, cols, frame_rows = ctx.saved_tensors
+        if frame_rows is not None:  # sum each video's frames in fp32 before scattering
+            frames = torch.zeros(rows.shape[1] * rows.shape[0] ** 2, grad_out.shape[1], device=grad_out.device)
+            grad_out = frames.index_add_(0, frame_rows, grad_out.float())
         merge, num_blocks = rows.shape
         per_block, hidden = merge * merge, grad_out.shape[1]
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
@@ -193,7 +202,7 @@ class _BilinearGather(torch.autograd.Function):
                 grad.index_put_((indices.view(-1),), contributions, accumulate=True)
             else:
                 grad.index_add_(0, indices.view(-1), contributions)
-        return grad.to(grad_out.dtype), None, None, None
+        return grad.to(ctx.table_dtype), None, None, None, None
 
 
 def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -221,4 +230,19 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
 
     tables = _grid_tables(side, max(max(h, w) for _, h, w in grid), device)
     rows, cols = _block_positions(grid_thw, grid, merge)
-    return _BilinearGather.apply(table, rows, cols, tables)
+    # Videos: every frame of an item has the same embedding, computed once and copied (as upstream repeats it).
+    frame_rows = None if all(t == 1 for t, _, _ in grid) else _frame_rows(grid_thw, grid)
+    return _BilinearGather.apply(table, rows, cols, tables, frame_rows)
+
+
+def _frame_rows(grid_thw: torch.Tensor, grid: list[list[int]]) -> torch.Tensor:
+    """For every output row, its row among the items' first frames (upstream repeats each frame t times)."""
+    device = grid_thw.device
+    t, h, w = grid_thw.to(device=device, dtype=torch.int64).unbind(1)
+    frame = h * w
+    rows = t * frame
+    item = torch.repeat_interleave(
+        torch.arange(len(grid), device=device), rows, output_size=sum(r[0] * r[1] * r[2] for r in grid)
+    )
+    local = torch.arange(item.numel(), device=device) - (torch.cumsum(rows, 0) - rows)[item]
+    return (torch.cumsum(frame, 0) - frame)[item] + local % frame[item]
