@@ -205,6 +205,19 @@ class _BilinearGather(torch.autograd.Function):
         return grad.to(ctx.table_dtype), None, None, None, None
 
 
+def _frame_rows(grid_thw: torch.Tensor, grid: list[list[int]]) -> torch.Tensor:
+    """For every output row, its row among the items' first frames (upstream repeats each frame t times)."""
+    device = grid_thw.device
+    t, h, w = grid_thw.to(device=device, dtype=torch.int64).unbind(1)
+    frame = h * w
+    rows = t * frame
+    item = torch.repeat_interleave(
+        torch.arange(len(grid), device=device), rows, output_size=sum(r[0] * r[1] * r[2] for r in grid)
+    )
+    local = torch.arange(item.numel(), device=device) - (torch.cumsum(rows, 0) - rows)[item]
+    return (torch.cumsum(frame, 0) - frame)[item] + local % frame[item]
+
+
 def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch.Tensor:
     """Position embeddings for every patch of every image/video in ``grid_thw``, in the vision tower's merge order.
 
@@ -233,16 +246,3 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     # Videos: every frame of an item has the same embedding, computed once and copied (as upstream repeats it).
     frame_rows = None if all(t == 1 for t, _, _ in grid) else _frame_rows(grid_thw, grid)
     return _BilinearGather.apply(table, rows, cols, tables, frame_rows)
-
-
-def _frame_rows(grid_thw: torch.Tensor, grid: list[list[int]]) -> torch.Tensor:
-    """For every output row, its row among the items' first frames (upstream repeats each frame t times)."""
-    device = grid_thw.device
-    t, h, w = grid_thw.to(device=device, dtype=torch.int64).unbind(1)
-    frame = h * w
-    rows = t * frame
-    item = torch.repeat_interleave(
-        torch.arange(len(grid), device=device), rows, output_size=sum(r[0] * r[1] * r[2] for r in grid)
-    )
-    local = torch.arange(item.numel(), device=device) - (torch.cumsum(rows, 0) - rows)[item]
-    return (torch.cumsum(frame, 0) - frame)[item] + local % frame[item]
