@@ -27,8 +27,8 @@ TARGETS = {
 }
 VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 
-_patched: list[type] = []
-_upstream: dict[type, object] = {}  # transformers' own method, kept before it is replaced
+# The classes patched in this process, each with transformers' own method, kept before it was replaced.
+_upstream: dict[type, object] = {}
 
 
 def decide(cls: type) -> tuple[Status, str]:
@@ -61,16 +61,14 @@ def _on_transformers_module(module: ModuleType) -> None:
     if status is Status.APPLIED:
         _upstream.setdefault(cls, cls.__dict__.get(METHOD))
         _set_ours(cls)
-        if cls not in _patched:
-            _patched.append(cls)
-        reason = ", ".join(c.__name__ for c in _patched) + f".{METHOD} replaced (computes on grid_thw's device)"
+        reason = ", ".join(c.__name__ for c in _upstream) + f".{METHOD} replaced (computes on grid_thw's device)"
     record(NAME, status, reason)
 
 
 def _after_verl_monkey_patch(wrapped, instance, args, kwargs):
     """verl >= 0.8 sets its own copy on both classes while building a model: put the plugin's back."""
     result = wrapped(*args, **kwargs)
-    for cls in _patched:
+    for cls in _upstream:
         guarded(NAME, _set_ours, cls)
     return result
 
