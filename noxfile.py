@@ -1,18 +1,16 @@
-"""One test session per supported verl x transformers stack, each a fresh venv built from PyPI.
+"""One test session per supported verl x transformers stack, each a fresh venv built from PyPI, plus the built wheel.
 
 torch is pinned to 2.13.0 (a CPU build) in every stack: an unpinned torch pulls a multi-GB CUDA build.
 """
 
+import glob
+
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "wheel"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
-# verl < 0.9 has no plugin discovery: this is the activation line the README documents.
-ACTIVATE = {
-    "VERL_USE_EXTERNAL_MODULES": "verl_qwen3vl_plugin.hooks.model_patch,verl_qwen3vl_plugin.hooks.npu_patch",
-}
 STACKS = {
     # The Ascend vllm-ascend 0.13 stack. verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
     "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
@@ -28,22 +26,41 @@ STACKS = {
         "msgspec",
     ],
 }
+MAIN_STACK = "verl0.7.1-tf4.57.6"  # where both patches act, and where the start-up hook is what activates
 
 
 @nox.session
 @nox.parametrize("stack", list(STACKS))
 def tests(session: nox.Session, stack: str) -> None:
+    """The suite on an editable install (so the start-up hook is tested in that mode too)."""
     session.install(TORCH, *STACKS[stack], "-e", ".[test]")
-    session.run("pytest", "-m", "not fake_npu", *session.posargs)
+    session.run("pytest", "-m", "not fake_npu and not wheel", *session.posargs)
     # verl's npu_patch rewires transformers for the rest of its process: it gets a process of its own.
     session.run("pytest", "-m", "fake_npu", *session.posargs)
 
 
 @nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the sdist and wheel, check them, install the wheel (not editable) and test it; then uninstall it."""
+    session.install("build", "twine")
+    dist = session.create_tmp()
+    session.run("python", "-m", "build", "--outdir", dist)
+    session.run("twine", "check", "--strict", f"{dist}/*", external=False)
+    (wheel_file,) = glob.glob(f"{dist}/*.whl")
+    session.install(TORCH, *STACKS[MAIN_STACK], wheel_file, "pytest")
+    session.run("pytest", "-m", "wheel", "-p", "no:cacheprovider", "-s", *session.posargs)
+    session.run("pip", "uninstall", "-y", "verl-qwen3vl-plugin")
+    session.run("python", "tests/_child/after_uninstall.py")
+
+
+@nox.session
 def doctor(session: nox.Session) -> None:
-    """The main job: on the Ascend verl 0.7.1 stack, where both patches act, activate the plugin and self-test it."""
-    session.install(TORCH, *STACKS["verl0.7.1-tf4.57.6"], "-e", ".")
-    session.run("verl-qwen3vl-plugin", "doctor", "--selftest", *session.posargs, env=ACTIVATE)
+    """The main job: on the Ascend verl 0.7.1 stack, where both patches act, install and self-test the plugin.
+
+    Nothing is exported: the start-up hook activates the plugin.
+    """
+    session.install(TORCH, *STACKS[MAIN_STACK], ".")
+    session.run("verl-qwen3vl-plugin", "doctor", "--selftest", *session.posargs)
 
 
 @nox.session

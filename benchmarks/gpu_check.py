@@ -31,7 +31,7 @@ def check_fsdp2_cpu_offload() -> bool:
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.testing.tiny_models import VISION, pixel_values
+    from verl_qwen3vl_plugin.selftest.tiny_models import VISION, pixel_values
 
     upstream = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
     mesh = init_device_mesh("cuda", (1,))
@@ -65,7 +65,7 @@ def geo3k_grid(n: int) -> torch.Tensor:
 
 def check_syncs() -> bool:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
+    from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     model, grid = vision_tower(hidden=1152).cuda(), geo3k_grid(64)
     fast_pos_embed_interpolate(model, grid)  # warm-up: the grid tables are copied to the device once
@@ -85,7 +85,7 @@ def check_syncs() -> bool:
 def check_timings(repeats: int = 10) -> bool:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest import pos_embed_references
-    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
+    from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     impls = {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
     grid = geo3k_grid(64)

@@ -46,7 +46,7 @@ def implementations() -> dict[str, Callable]:
 
 
 def tower(hidden: int, dtype: torch.dtype):
-    from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
+    from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     return vision_tower(hidden=hidden, dtype=dtype)
 

@@ -1,123 +1,121 @@
-"""How the plugin becomes active: verl's entry-point discovery (>= 0.9) or VERL_USE_EXTERNAL_MODULES (every verl),
-in fresh processes and in a real local Ray worker; and that a broken plugin never breaks ``import verl``."""
+"""How the plugin becomes active, in fresh processes and a real local Ray worker: the start-up hook (verl < 0.9, no
+environment), verl's entry points (>= 0.9), VERL_USE_EXTERNAL_MODULES (every verl), any mix of them, the opt-outs;
+and that a broken plugin never breaks ``import verl``."""
 
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
-from tests.conftest import ACTIVATE, DISCOVERS_PLUGINS, run_json, run_python
+from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, VERL, child_json, last_json, run_args, run_child
+from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
-IMPORT_VERL = """
-import json, sys, verl
-import verl_qwen3vl_plugin as plugin
-hooks = sorted(m for m in sys.modules if m.startswith("verl_qwen3vl_plugin.hooks."))
-print(json.dumps({"hooks": hooks, "status": {k: v.status.value for k, v in plugin.patch_statuses().items()}}))
-"""
-LOADED = ["verl_qwen3vl_plugin.hooks.model_patch", "verl_qwen3vl_plugin.hooks.npu_patch"]
-PENDING = {"qwen3_vl_pos_embed": "pending", "npu_qwen3_vl_moe_routing": "pending"}
-
-
-def test_import_verl_without_env_var_loads_plugin_only_with_discovery():
-    result = run_json(IMPORT_VERL)
-    assert result["hooks"] == (LOADED if DISCOVERS_PLUGINS else [])
+HOOKS = sorted(HOOK_MODULES.values())
+ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
+NO_AUTOLOAD = {"VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
+# What a user's plain `import verl` loads the plugin through on this verl.
+DEFAULT_PATH = "entry points" if DISCOVERS_PLUGINS else "start-up hook"
 
 
-def test_env_var_activates_on_every_verl():
-    result = run_json(IMPORT_VERL, {**ACTIVATE, "VERL_USE_EXTERNAL_PLUGINS": "none"})
-    assert result == {"hooks": LOADED, "status": PENDING}
+def test_discovery_probe_matches_the_release():
+    assert DISCOVERS_PLUGINS == (VERL >= Version("0.9"))
+
+
+def test_plain_import_verl_loads_the_plugin():
+    result = child_json("import_verl.py")
+    assert result["hooks"] == HOOKS
+    assert result["activated_by"] == DEFAULT_PATH
+    assert result["startup_hook"] == ("left to verl's entry points" if DISCOVERS_PLUGINS else "loaded")
+    assert set(result["status"].values()) == {"pending"}, result["status"]
+
+
+def test_env_var_activates_on_every_verl_without_the_other_paths():
+    result = child_json("import_verl.py", env={**ENV_LINE, **NO_AUTOLOAD, "VERL_USE_EXTERNAL_PLUGINS": "none"})
+    assert (result["hooks"], result["activated_by"], result["startup_hook"]) == (
+        HOOKS,
+        "VERL_USE_EXTERNAL_MODULES",
+        "off",
+    )
+
+
+def test_env_var_and_start_up_hook_together():
+    result = child_json("import_verl.py", env=ENV_LINE)
+    assert result["hooks"] == HOOKS and result["activated_by"] == "VERL_USE_EXTERNAL_MODULES"
+    if not DISCOVERS_PLUGINS:
+        assert result["startup_hook"] == "already loaded by verl (VERL_USE_EXTERNAL_MODULES)"
+
+
+def test_autoload_opt_out():
+    result = child_json("import_verl.py", env=NO_AUTOLOAD)
+    assert result["startup_hook"] == "off"
+    # On verl >= 0.9 the opt-out concerns the start-up hook only: verl's discovery still decides.
+    assert result["hooks"] == (HOOKS if DISCOVERS_PLUGINS else [])
+
+
+def test_external_plugins_none_keeps_the_plugin_out_on_discovering_verl():
+    result = child_json("import_verl.py", env={"VERL_USE_EXTERNAL_PLUGINS": "none"})
+    assert result["hooks"] == ([] if DISCOVERS_PLUGINS else HOOKS)
 
 
 @pytest.mark.skipif(not DISCOVERS_PLUGINS, reason="entry-point discovery needs verl >= 0.9")
 def test_entry_points_can_be_selected_by_name():
-    result = run_json(IMPORT_VERL, {"VERL_USE_EXTERNAL_PLUGINS": "qwen3vl_npu_patch"})
-    assert result["hooks"] == ["verl_qwen3vl_plugin.hooks.npu_patch"]
+    result = child_json("import_verl.py", env={"VERL_USE_EXTERNAL_PLUGINS": "qwen3vl_npu_patch"})
+    assert result["hooks"] == [HOOK_MODULES["npu"]]
 
 
-def test_loading_twice_patches_once():
-    """Entry point and env var together (and a stray second install) register each hook once."""
-    proc = run_python(
-        """
-        import logging, verl
-        logging.getLogger("verl_qwen3vl_plugin").setLevel(logging.INFO)
-        from verl_qwen3vl_plugin.patches import qwen3_vl_pos_embed
-        qwen3_vl_pos_embed.install()
-        import wrapt
-        from verl.models.transformers import monkey_patch
-        from transformers.models.qwen3_vl import modeling_qwen3_vl
-        inner = monkey_patch.apply_monkey_patch.__wrapped__
-        assert not isinstance(inner, wrapt.FunctionWrapper), "apply_monkey_patch wrapped twice"
-        """,
-        ACTIVATE,
-    )
+def test_every_path_at_once_patches_once():
+    proc = run_child("load_every_way.py", env={**ENV_LINE, "VERL_LOGGING_LEVEL": "INFO"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("verl-qwen3vl-plugin: qwen3_vl_pos_embed ") == 1, proc.stderr
+    for target in ("transformers.models.qwen3_vl.modeling_qwen3_vl", "verl.models.transformers.monkey_patch"):
+        assert proc.stderr.count(f"qwen3_vl_pos_embed on {target} ") == 1, proc.stderr
 
 
-def test_broken_plugin_never_breaks_import_verl():
+def test_start_up_imports_nothing_before_verl():
+    """The hook costs one small module until verl is imported: no plugin package, wrapt, torch or logging."""
+    modules = set(child_json("startup_modules.py"))
+    assert "verl_qwen3vl_plugin_autoload" in modules
+    heavy = {m for m in modules if m.split(".")[0] in {"verl_qwen3vl_plugin", "wrapt", "torch", "logging", "verl"}}
+    assert not heavy
+
+
+def test_broken_dependency_never_breaks_import_verl():
     """A hook that cannot load (here: wrapt missing) leaves verl importable, warns, and records the failure."""
-    proc = run_python(
-        """
-        import sys
-        sys.modules["wrapt"] = None  # import wrapt -> ImportError
-        import verl, verl_qwen3vl_plugin as plugin
-        for name, status in plugin.patch_statuses().items():
-            print(name, status.status.value, status.reason)
-        """,
-        ACTIVATE,
+    proc = run_child("broken_dependency.py")
+    statuses = {(p, s) for p, _, s, reason in last_json(proc) if "wrapt" in reason}
+    assert statuses == {("qwen3_vl_pos_embed", "failed"), ("npu_qwen3_vl_moe_routing", "failed")}
+    # verl leaves logging at WARNING: the lines reaching stderr show the failures are logged at WARNING.
+    assert (
+        "verl-qwen3vl-plugin: qwen3_vl_pos_embed on transformers.models.qwen3_vl.modeling_qwen3_vl failed"
+        in proc.stderr
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "qwen3_vl_pos_embed failed ModuleNotFoundError: import of wrapt halted" in proc.stdout
-    assert "npu_qwen3_vl_moe_routing failed ModuleNotFoundError: import of wrapt halted" in proc.stdout
-    # verl leaves logging at WARNING: these lines reaching stderr shows the failures are logged at WARNING.
-    assert "verl-qwen3vl-plugin: qwen3_vl_pos_embed failed (ModuleNotFoundError" in proc.stderr
-    assert "verl-qwen3vl-plugin: npu_qwen3_vl_moe_routing failed (ModuleNotFoundError" in proc.stderr
+    assert "verl-qwen3vl-plugin: npu_qwen3_vl_moe_routing on verl.models.transformers.npu_patch failed" in proc.stderr
+
+
+@pytest.mark.skipif(DISCOVERS_PLUGINS, reason="the start-up hook leaves verl >= 0.9 to its discovery")
+def test_broken_start_up_hand_over_never_breaks_import_verl():
+    proc = run_child("broken_activation.py")
+    result = last_json(proc)
+    assert result["verl"] == str(VERL) and result["startup_hook"].startswith("failed: ModuleNotFoundError")
+    assert "verl-qwen3vl-plugin: start-up hook failed: ModuleNotFoundError" in proc.stderr
+
+
+def test_python_without_site_runs_no_start_up_hook():
+    proc = run_args(["-S", "-c", "import sys; print('verl_qwen3vl_plugin_autoload' in sys.modules)"])
+    assert proc.stdout.strip() == "False"
 
 
 def test_unknown_disable_name_warns_with_valid_names():
-    proc = run_python("import verl", {**ACTIVATE, "VERL_QWEN3VL_PLUGIN_DISABLE": "pos_embed"})
+    proc = run_args(["-c", "import verl"], {"VERL_QWEN3VL_PLUGIN_DISABLE": "pos_embed"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "unknown patches ['pos_embed']; valid names: all, qwen3_vl_pos_embed, npu_qwen3_vl_moe_routing" in (
-        proc.stderr
-    )
+    expected = "unknown patches ['pos_embed']; valid names: all, qwen3_vl_pos_embed, npu_qwen3_vl_moe_routing"
+    assert expected in proc.stderr
 
 
-RAY_WORKER = """
-import json, os, ray
-
-os.environ.pop("VERL_USE_EXTERNAL_MODULES", None)  # only the runtime_env may carry the activation to the worker
-ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": json.loads(os.environ["RUNTIME_ENV_VARS"])})
-
-
-@ray.remote
-def worker():
-    import torch, verl
-    import verl_qwen3vl_plugin as plugin
-    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
-    from verl_qwen3vl_plugin.compat import method_calls
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-
-    return {
-        "pid": os.getpid(),
-        "status": {k: v.status.value for k, v in plugin.patch_statuses().items()},
-        "ours": Qwen3VLMoeVisionModel.fast_pos_embed_interpolate is fast_pos_embed_interpolate,
-        "used": method_calls(Qwen3VLMoeVisionModel, "forward", "fast_pos_embed_interpolate"),
-    }
-
-
-result = ray.get(worker.remote())
-result["driver_pid"] = os.getpid()
-ray.shutdown()
-print(json.dumps(result))
-"""
-
-
-def test_patches_active_in_a_ray_worker(activation):
-    import json
-
-    result = run_json(RAY_WORKER, {"RUNTIME_ENV_VARS": json.dumps(activation)})
-    assert result["pid"] != result["driver_pid"]
-    assert result["status"]["npu_qwen3_vl_moe_routing"] == "pending"
-    if result["used"]:
-        assert result["status"]["qwen3_vl_pos_embed"] == "applied" and result["ours"]
-    else:
-        assert result["status"]["qwen3_vl_pos_embed"] == "skipped: not used by this transformers"
+def test_patches_active_in_a_ray_worker_with_no_env_and_no_runtime_env():
+    result = child_json("ray_worker.py")
+    assert result["pid"] != result["driver_pid"] and result["env"] == []
+    assert result["activated_by"] == DEFAULT_PATH
+    status = result["status"]
+    assert status["npu_qwen3_vl_moe_routing verl.models.transformers.npu_patch"] == "pending"
+    moe = status["qwen3_vl_pos_embed transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"]
+    assert (moe, result["ours"]) == (("applied", True) if POS_EMBED_USED else ("skipped", False))

@@ -6,12 +6,21 @@ import json
 
 import pytest
 
-from tests.conftest import ACTIVATE, DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
+from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, VERL, run_args
+from verl_qwen3vl_plugin.doctor import patch_verdicts
+from verl_qwen3vl_plugin.patches import PATCHES
+from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
-FIX_LINE = "export VERL_USE_EXTERNAL_MODULES=verl_qwen3vl_plugin.hooks.model_patch,verl_qwen3vl_plugin.hooks.npu_patch"
+ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
 EXPECTED_VERDICTS = {
-    "qwen3_vl_pos_embed": "will apply" if TRANSFORMERS.release < (5, 9) else "not used by this transformers",
-    "npu_qwen3_vl_moe_routing": "will apply" if VERL.release == (0, 7, 1) else "fixed upstream",
+    "qwen3_vl_pos_embed": {
+        "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply" if POS_EMBED_USED else "not_used",
+        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply" if POS_EMBED_USED else "not_used",
+        "verl.models.transformers.monkey_patch": "not_used" if VERL.release < (0, 8) else "apply",
+    },
+    "npu_qwen3_vl_moe_routing": {
+        "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
+    },
 }
 
 
@@ -19,20 +28,27 @@ def doctor(*flags: str, env: dict[str, str] | None = None):
     return run_args(["-m", "verl_qwen3vl_plugin.cli", "doctor", *flags], env)
 
 
-def test_without_activation_exit_code_and_fix():
+def test_plain_install_is_active_and_says_how():
     proc = doctor()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    how = "entry points" if DISCOVERS_PLUGINS else "start-up hook"
+    assert f"plugin active in verl: yes (via {how})" in proc.stdout
+
+
+def test_start_up_hook_off_and_no_env_line_gives_the_fix():
+    proc = doctor(env={"VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"})
     assert "Traceback" not in proc.stderr
-    if DISCOVERS_PLUGINS:
+    if DISCOVERS_PLUGINS:  # verl's discovery does not depend on the start-up hook
         assert proc.returncode == 0, proc.stdout
-        assert "plugin active in verl: yes (via entry points)" in proc.stdout
     else:
         assert proc.returncode == 1, proc.stdout
         assert "plugin active in verl: NO" in proc.stdout
-        assert FIX_LINE in proc.stdout.splitlines()[-1]
+        assert "the start-up hook is switched off (VERL_QWEN3VL_PLUGIN_AUTOLOAD='0')" in proc.stdout
+        assert ACTIVATION_LINE in proc.stdout.splitlines()[-1]
 
 
-def test_with_env_var_active_on_every_verl():
-    proc = doctor(env={**ACTIVATE, "VERL_USE_EXTERNAL_PLUGINS": "none"})
+def test_with_env_line_only_active_on_every_verl():
+    proc = doctor(env={**ENV_LINE, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "plugin active in verl: yes (via VERL_USE_EXTERNAL_MODULES)" in proc.stdout
 
@@ -41,30 +57,49 @@ def test_with_env_var_active_on_every_verl():
 def test_entry_points_excluded_by_policy():
     proc = doctor(env={"VERL_USE_EXTERNAL_PLUGINS": "none"})
     assert proc.returncode == 1
-    assert "VERL_USE_EXTERNAL_PLUGINS='none' excludes" in proc.stdout and FIX_LINE in proc.stdout
+    assert "VERL_USE_EXTERNAL_PLUGINS='none' excludes" in proc.stdout and ACTIVATION_LINE in proc.stdout
 
 
-def test_json_report_and_verdicts(activation):
-    proc = doctor("--json", env=activation)
+def test_json_report_and_verdicts():
+    proc = doctor("--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == report["exit_code"] == 0, report["actions"]
     assert report["versions"]["verl"] == str(VERL)
-    assert {n: p["verdict"] for n, p in report["patches"].items()} == EXPECTED_VERDICTS
+    verdicts = {n: {m: t["verdict"] for m, t in p["targets"].items()} for n, p in report["patches"].items()}
+    assert verdicts == EXPECTED_VERDICTS
     assert report["activation"]["active"] is True
-    assert report["devices"] == {"ascend_npu": False, "cuda": False}
+    assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
+    assert report["devices"] == {"cuda": False, "npu": False}
+    assert report["patches"]["npu_qwen3_vl_moe_routing"]["concerns_this_machine"] is False
 
 
-def test_disabled_patch_is_reported(activation):
-    report = json.loads(doctor("--json", env={**activation, "VERL_QWEN3VL_PLUGIN_DISABLE": "all"}).stdout)
-    assert {p["verdict"] for p in report["patches"].values()} == {"disabled"}
+def test_disabled_patch_is_reported():
+    report = json.loads(doctor("--json", env={"VERL_QWEN3VL_PLUGIN_DISABLE": "all"}).stdout)
+    assert {t["verdict"] for p in report["patches"].values() for t in p["targets"].values()} == {"disabled"}
 
 
-def test_selftest_passes(activation):
-    proc = doctor("--selftest", "--json", env=activation)
+def test_selftest_runs_every_patch_and_passes():
+    proc = doctor("--selftest", "--json")
     report = json.loads(proc.stdout)
-    assert report["selftest"], report
+    names = [c["name"] for c in report["selftest"]]
+    assert any(n.startswith("pos_embed") for n in names) and any(n.startswith("npu") for n in names), names
     assert all(c["ok"] for c in report["selftest"]), report["selftest"]
     assert proc.returncode == 0
+
+
+def _unrecognized_everywhere(monkeypatch):
+    monkeypatch.setattr("verl_qwen3vl_plugin.doctor.module_source", lambda name: "x = 1\n")
+
+
+@pytest.mark.parametrize("npu", [False, True], ids=["no_npu", "npu"])
+def test_unrecognized_upstream_is_an_action_only_where_the_device_is(monkeypatch, npu):
+    """Synthesized sources: every target unrecognized. The NPU patch counts only on a machine with an NPU."""
+    _unrecognized_everywhere(monkeypatch)
+    report, actions = patch_verdicts({"cuda": False, "npu": npu})
+    assert {t["verdict"] for p in report.values() for t in p["targets"].values()} == {"unrecognized"}
+    flagged = {a.split()[1] for a in actions}
+    expected = {p.name for p in PATCHES if p.devices is None or (npu and "npu" in p.devices)}
+    assert flagged == expected
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
 """verl plugin that makes Qwen3-VL and Qwen3-VL-MoE train correctly on GPUs and Ascend NPUs.
 
-The entry points (group ``verl.plugins``) name the modules in ``verl_qwen3vl_plugin.hooks``; importing one registers
-its patch. This package's top level stays import-light (standard library only) because verl imports it at start-up.
+verl loads ``verl_qwen3vl_plugin.hooks`` (entry points on verl >= 0.9; the start-up hook or
+``VERL_USE_EXTERNAL_MODULES`` before); each hook installs its group of ``patches.PATCHES``. This top level stays
+standard-library only: it is imported at ``import verl``.
 """
 
-from verl_qwen3vl_plugin.registry import PATCH_NAMES, PatchStatus, Status, patch_statuses
+from verl_qwen3vl_plugin.activation import activated_by
+from verl_qwen3vl_plugin.registry import PatchStatus, Status, Verdict, patch_statuses
 
-__version__ = "0.1.0"
-__all__ = ["PATCH_NAMES", "PatchStatus", "Status", "patch_statuses", "__version__"]
+__version__ = "0.2.0"
+__all__ = ["PatchStatus", "Status", "Verdict", "activated_by", "patch_statuses", "__version__"]

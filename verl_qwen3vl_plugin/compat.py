@@ -1,13 +1,15 @@
-"""Version and code probes: the facts about the installed verl/transformers that the patches decide on.
+"""Version and code probes: the facts about the installed verl and transformers that the patches decide on.
 
-Decisions look at the installed code where they can (a version string says nothing about a backport or a fork),
-and fall back to versions only where the code cannot be read.
+Decisions read the installed code (a version string says nothing about a backport or a fork), always through its
+syntax tree: a probe names the shapes it knows, and anything else is the patch's ``unrecognized`` verdict. Sources
+are found without importing them, so the doctor can judge an Ascend module on a machine without ``torch_npu``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
-import inspect
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -22,38 +24,99 @@ def dist_version(name: str) -> Version | None:
         return None
 
 
-def method_calls(cls: type, method: str, callee: str) -> bool:
-    """Whether ``cls.<method>``'s source calls ``self.<callee>(`` (False when the source cannot be read)."""
-    try:
-        source = inspect.getsource(getattr(cls, method))
-    except (OSError, TypeError):
-        return False
-    return f"self.{callee}(" in source
-
-
 def module_source(name: str) -> str | None:
     """Source text of an installed module, located without importing it or its packages (None if not found)."""
     top, *rest = name.split(".")
-    spec = importlib.util.find_spec(top)
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        path = Path(location, *rest[:-1], f"{rest[-1]}.py") if rest else Path(spec.origin)
+        if not rest:
+            path = Path(location, "__init__.py")
+        else:
+            path = Path(location, *rest[:-1], f"{rest[-1]}.py")
+            if not path.is_file():
+                path = Path(location, *rest, "__init__.py")
         if path.is_file():
-            return path.read_text()
+            return path.read_text(encoding="utf-8")
     return None
 
 
-def verl_discovers_plugins() -> bool:
-    """Whether ``import verl`` imports the ``verl.plugins`` entry points (verl >= 0.9; older verl never looks).
+def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
 
-    Read from verl's ``__init__.py`` without importing verl; the version decides only if the file is unreadable.
+
+def find_function(scope: ast.Module | ast.ClassDef | None, name: str) -> ast.FunctionDef | None:
+    """A function defined at the top of a module, or a method of a class."""
+    if scope is None:
+        return None
+    return next((n for n in scope.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def parameters(func: ast.FunctionDef) -> list[str]:
+    return [a.arg for a in func.args.posonlyargs + func.args.args]
+
+
+def calls(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` calls ``name(...)`` or ``<anything>.name(...)``."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            func = n.func
+            if (isinstance(func, ast.Name) and func.id == name) or (
+                isinstance(func, ast.Attribute) and func.attr == name
+            ):
+                return True
+    return False
+
+
+def calls_self(node: ast.AST, method: str) -> bool:
+    """Whether ``node`` calls ``self.<method>(...)``."""
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == method
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+        for n in ast.walk(node)
+    )
+
+
+def assigns_attribute(node: ast.AST, attr: str) -> bool:
+    """Whether ``node`` assigns ``<anything>.<attr> = ...``."""
+    return any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == attr for t in n.targets)
+        for n in ast.walk(node)
+    )
+
+
+def is_not_training(test: ast.expr) -> bool:
+    """``not self.training`` (or ``not <x>.training``)."""
+    return (
+        isinstance(test, ast.UnaryOp)
+        and isinstance(test.op, ast.Not)
+        and isinstance(test.operand, ast.Attribute)
+        and test.operand.attr == "training"
+    )
+
+
+def has_string(node: ast.AST, value: str) -> bool:
+    return any(isinstance(n, ast.Constant) and n.value == value for n in ast.walk(node))
+
+
+@lru_cache(maxsize=1)
+def verl_discovers_plugins() -> bool:
+    """Whether ``import verl`` loads the ``verl.plugins`` entry points (verl >= 0.9; older verl never looks).
+
+    Read from verl's ``__init__.py`` without importing verl. Unreadable source counts as no discovery: the start-up
+    hook then loads the plugin itself, which is harmless where verl would have too (hooks install once).
     """
-    spec = importlib.util.find_spec("verl")
-    if spec is None:
+    source = module_source("verl")
+    if source is None:
         return False
     try:
-        return '"verl.plugins"' in Path(spec.origin).read_text()
-    except (OSError, TypeError):
-        version = dist_version("verl")
-        return version is not None and version >= Version("0.9.0")
+        return has_string(ast.parse(source), "verl.plugins")
+    except SyntaxError:
+        return False

@@ -1,8 +1,8 @@
-"""What ``verl-qwen3vl-plugin doctor`` reports: versions, whether verl will load the plugin, each patch's verdict on
-this stack (from the same ``decide`` functions the hooks call), and the visible devices.
+"""What ``verl-qwen3vl-plugin doctor`` reports: versions, whether and how verl loads the plugin, each patch's verdict
+on each of its targets (from the same ``registry.decide`` the hooks call), and the visible devices.
 
-Whether verl loads the plugin is also observed, not only inferred: a child process imports verl with this
-environment and lists the hook modules that got imported.
+Whether verl loads the plugin is observed, not only inferred: a child process imports verl with this environment
+and reports which hooks got loaded, by which path, and what the start-up hook did.
 """
 
 from __future__ import annotations
@@ -14,25 +14,23 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from verl_qwen3vl_plugin.compat import dist_version, verl_discovers_plugins
-from verl_qwen3vl_plugin.hooks import HOOK_MODULES
-from verl_qwen3vl_plugin.registry import DISABLE_ENV, PATCH_NAMES, POS_EMBED, Status, disabled_patches
+from verl_qwen3vl_plugin.activation import STARTUP_MODULE, activated_by
+from verl_qwen3vl_plugin.compat import dist_version, module_source, verl_discovers_plugins
+from verl_qwen3vl_plugin.patches import NAMES, PATCHES
+from verl_qwen3vl_plugin.registry import (
+    DISABLE_ENV,
+    HOOK_MODULES,
+    MODULES_ENV,
+    Verdict,
+    decide,
+    disabled_patches,
+    patch_statuses,
+)
 
 DISTRIBUTIONS = ("verl", "transformers", "torch", "torch_npu", "vllm", "vllm_ascend", "ray", "verl-qwen3vl-plugin")
-MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
-VERDICTS = {
-    Status.APPLIED: "will apply",
-    Status.FIXED_UPSTREAM: "fixed upstream",
-    Status.NOT_USED: "not used by this transformers",
-    Status.DISABLED: "disabled",
-    Status.FAILED: "failed",
-}
-PROBE = (
-    "import json, sys, verl, verl_qwen3vl_plugin as p; "
-    "print(json.dumps({'hooks': sorted(m for m in sys.modules if m.startswith('verl_qwen3vl_plugin.hooks.')), "
-    "'status': {k: [v.status.value, v.reason] for k, v in p.patch_statuses().items()}}))"
-)
+AUTOLOAD_ENV = "VERL_QWEN3VL_PLUGIN_AUTOLOAD"
+PROBE = "import json, verl\nfrom verl_qwen3vl_plugin.doctor import observe\nprint(json.dumps(observe()))"
 
 
 class UsageError(Exception):
@@ -43,7 +41,7 @@ class UsageError(Exception):
 class Report:
     versions: dict[str, str | None]
     activation: dict[str, object]
-    patches: dict[str, dict[str, str]]
+    patches: dict[str, dict[str, object]]
     devices: dict[str, bool]
     actions: list[str] = field(default_factory=list)
     selftest: list[dict[str, object]] | None = None
@@ -54,10 +52,21 @@ class Report:
         return 1 if self.actions or failed_selftest else 0
 
 
+def observe() -> dict[str, object]:
+    """What ``import verl`` did to the plugin in this process (the doctor's child runs this after importing verl)."""
+    startup = sys.modules.get(STARTUP_MODULE)
+    return {
+        "hooks": [m for m in HOOK_MODULES.values() if m in sys.modules],
+        "activated_by": activated_by(),
+        "startup_hook": getattr(startup, "state", None),
+        "statuses": [[s.patch, s.target, s.status.value, s.reason] for s in patch_statuses()],
+    }
+
+
 def activation_line(env: dict[str, str]) -> str:
-    """The exact line that activates the plugin on verl < 0.9, keeping modules the user already listed."""
+    """The exact line that activates the plugin without the start-up hook, keeping modules the user listed."""
     listed = [m for m in env.get(MODULES_ENV, "").split(",") if m]
-    return f"export {MODULES_ENV}={','.join(listed + [m for m in HOOK_MODULES if m not in listed])}"
+    return f"export {MODULES_ENV}={','.join(listed + [m for m in HOOK_MODULES.values() if m not in listed])}"
 
 
 def check_env(env: dict[str, str]) -> None:
@@ -66,71 +75,51 @@ def check_env(env: dict[str, str]) -> None:
     if modules and any(m != m.strip() or not m for m in modules.split(",")):
         raise UsageError(f"{MODULES_ENV}={modules!r}: names must be comma-separated with no spaces or empty entries")
     raw = env.get(DISABLE_ENV, "")
-    unknown = {n.strip() for n in raw.split(",") if n.strip()} - {"all", *PATCH_NAMES}
+    unknown = {n.strip() for n in raw.split(",") if n.strip()} - {"all", *NAMES}
     if unknown:
-        raise UsageError(
-            f"{DISABLE_ENV}={raw!r}: unknown names {sorted(unknown)}; valid: all, {', '.join(PATCH_NAMES)}"
+        raise UsageError(f"{DISABLE_ENV}={raw!r}: unknown names {sorted(unknown)}; valid: all, {', '.join(NAMES)}")
+
+
+def _why_inactive(env: dict[str, str], observed: dict[str, object]) -> str:
+    missing = sorted(set(HOOK_MODULES.values()) - set(observed["hooks"]))
+    fix = activation_line(env)
+    policy = env.get(PLUGINS_ENV, "auto").strip().lower()
+    if verl_discovers_plugins():
+        if policy != "auto":
+            return f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)!r} excludes {missing}: unset it, or run\n  {fix}"
+        return f"verl's entry-point discovery did not load {missing} (is the plugin installed here?); run\n  {fix}"
+    state = observed["startup_hook"]
+    if state is None:
+        return f"the start-up hook did not run (its .pth file is missing, or .pth files are skipped); run\n  {fix}"
+    if state == "off":
+        return (
+            f"the start-up hook is switched off ({AUTOLOAD_ENV}={env.get(AUTOLOAD_ENV)!r}): unset it, or run\n  {fix}"
         )
-
-
-def our_entry_points() -> list[str]:
-    return sorted(ep.name for ep in metadata.entry_points(group="verl.plugins") if ep.value in HOOK_MODULES)
+    return f"the start-up hook did not load {missing} ({state}); run\n  {fix}"
 
 
 def activation(env: dict[str, str]) -> tuple[dict[str, object], list[str]]:
-    """How verl will load the hooks here, what a child ``import verl`` actually loaded, and what the user must do."""
-    listed = set(env.get(MODULES_ENV, "").split(","))
-    by_env = [m for m in HOOK_MODULES if m in listed]
-    discovers = verl_discovers_plugins()
-    policy = env.get(PLUGINS_ENV, "auto").strip().lower()
-    entry_points = our_entry_points()
-    if discovers and policy != "auto":
-        entry_points = [n for n in entry_points if policy != "none" and n in {p.strip() for p in policy.split(",")}]
+    """How verl loads the hooks here, observed in a child ``import verl``, and what the user must do."""
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     observed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-    info = {
-        "verl_discovers_entry_points": discovers,
-        "entry_points_loaded_by_verl": entry_points if discovers else [],
+    info: dict[str, object] = {
+        "verl_discovers_entry_points": verl_discovers_plugins(),
+        "entry_points": sorted(
+            ep.name for ep in metadata.entry_points(group="verl.plugins") if ep.value in HOOK_MODULES.values()
+        ),
         MODULES_ENV: env.get(MODULES_ENV, ""),
-        "import_verl_loaded_hooks": observed["hooks"] if observed else None,
+        "active": observed is not None and observed["hooks"] == list(HOOK_MODULES.values()),
+        "via": observed and observed["activated_by"],
+        "startup_hook": observed and observed["startup_hook"],
+        "import_verl_loaded_hooks": observed and observed["hooks"],
         "import_verl_error": None if observed else proc.stderr.strip()[-1500:],
     }
     actions = []
     if observed is None:
         actions.append(f"`import verl` fails in this environment; fix that first:\n{info['import_verl_error']}")
-    elif observed["hooks"] != list(HOOK_MODULES):
-        missing = sorted(set(HOOK_MODULES) - set(observed["hooks"]))
-        if discovers and policy != "auto":
-            actions.append(f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)!r} excludes {missing}: unset it, or run\n"
-                           f"  {activation_line(env)}")  # fmt: skip
-        else:
-            actions.append(f"verl {dist_version('verl')} will not load {missing}; run:\n  {activation_line(env)}")
-    info["active"] = observed is not None and observed["hooks"] == list(HOOK_MODULES)
-    info["via"] = "entry points" if entry_points and discovers else (MODULES_ENV if by_env else None)
+    elif not info["active"]:
+        actions.append(_why_inactive(env, observed))
     return info, actions
-
-
-def patch_verdicts() -> dict[str, dict[str, str]]:
-    """Each patch's verdict from the same ``decide`` functions the hooks call."""
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, qwen3_vl_pos_embed
-
-    verdicts = {}
-    try:
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
-        from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
-
-        decisions = [qwen3_vl_pos_embed.decide(cls) for cls in (Qwen3VLVisionModel, Qwen3VLMoeVisionModel)]
-        status = decisions[0][0]
-        reason = "; ".join(dict.fromkeys(r for _, r in decisions))
-    except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
-        status, reason = Status.FAILED, f"{type(exc).__name__}: {exc}"
-    verdicts[POS_EMBED] = {"verdict": VERDICTS[status], "reason": reason}
-    try:
-        status, reason = npu_qwen3_vl_moe.decide_installed()
-    except Exception as exc:
-        status, reason = Status.FAILED, f"{type(exc).__name__}: {exc}"
-    verdicts[npu_qwen3_vl_moe.NAME] = {"verdict": VERDICTS[status], "reason": reason}
-    return verdicts
 
 
 def devices() -> dict[str, bool]:
@@ -144,7 +133,27 @@ def devices() -> dict[str, bool]:
             npu = torch.npu.is_available()
         except Exception:
             npu = False
-    return {"ascend_npu": npu, "cuda": torch.cuda.is_available()}
+    return {"cuda": torch.cuda.is_available(), "npu": npu}
+
+
+def patch_verdicts(present: dict[str, bool]) -> tuple[dict[str, dict[str, object]], list[str]]:
+    """Each patch's verdict on each target, and the actions: an unrecognized target on a device this machine has."""
+    report, actions = {}, []
+    for patch in PATCHES:
+        concerns_here = patch.devices is None or any(present.get(d) for d in patch.devices)
+        targets = {}
+        for target in patch.targets:
+            try:
+                verdict, reason = decide(patch, target, module_source(target.module))
+            except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
+                verdict, reason = Verdict.UNRECOGNIZED, f"{type(exc).__name__}: {exc}"
+            targets[target.module] = {"verdict": verdict.value, "reason": reason}
+            if verdict is Verdict.UNRECOGNIZED and concerns_here:
+                actions.append(f"patch {patch.name} does not recognise {target.module} ({reason}): it will not "
+                               "patch it; report this with the versions above")  # fmt: skip
+        report[patch.name] = {"devices": list(patch.devices or ["any"]), "concerns_this_machine": concerns_here}
+        report[patch.name]["targets"] = targets
+    return report, actions
 
 
 def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> Report:
@@ -154,15 +163,15 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
     if versions["verl"] is None:
         raise UsageError("verl is not installed in this Python environment")
     info, actions = activation(env)
-    patches = patch_verdicts()
-    actions += [f"patch {n} failed: {p['reason']}" for n, p in patches.items() if p["verdict"] == "failed"]
-    report = Report(versions, info, patches, devices(), actions)
-    if disabled_patches(env):
-        info["disabled_by_user"] = sorted(disabled_patches(env))
+    present = devices()
+    patches, unrecognized = patch_verdicts(present)
+    report = Report(versions, info, patches, present, actions + unrecognized)
+    if disabled := disabled_patches(NAMES, env):
+        info["disabled_by_user"] = sorted(disabled)
     if selftest:
-        from verl_qwen3vl_plugin import selftest as tests
+        from verl_qwen3vl_plugin import selftest as checks
 
-        report.selftest = [vars(c) for c in tests.run()]
+        report.selftest = [c._asdict() for c in checks.run()]
     return report
 
 
@@ -172,10 +181,14 @@ def render(report: Report) -> str:
     act = report.activation
     lines += ["", f"plugin active in verl: {'yes' if act['active'] else 'NO'} (via {act['via'] or 'nothing'})"]
     lines += [f"  verl discovers entry points: {act['verl_discovers_entry_points']}"]
+    lines += [f"  start-up hook: {act['startup_hook'] or 'did not run'}"]
     lines += [f"  {MODULES_ENV}={act[MODULES_ENV]!s}"]
     lines += [f"  hooks loaded by `import verl`: {act['import_verl_loaded_hooks']}"]
     lines += ["", "patches:"]
-    lines += [f"  {name:26} {p['verdict']:30} {p['reason']}" for name, p in report.patches.items()]
+    for name, patch in report.patches.items():
+        where = "" if patch["concerns_this_machine"] else f" (concerns {', '.join(patch['devices'])}: not here)"
+        lines.append(f"  {name}{where}")
+        lines += [f"    {module:58} {t['verdict']:15} {t['reason']}" for module, t in patch["targets"].items()]
     lines += ["", "devices: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report.devices.items())]
     if report.selftest is not None:
         lines += ["", "selftest (CPU, tiny models):"]

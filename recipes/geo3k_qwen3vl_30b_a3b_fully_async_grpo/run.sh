@@ -55,6 +55,8 @@ layout() {
 layout TRAIN "$TRAIN_DEVICES"
 layout ROLLOUT "$ROLLOUT_DEVICES"
 
+# The plugin activates itself in every process that imports verl (its start-up hook on verl < 0.9, verl's entry
+# points on >= 0.9), Ray workers on every node included: nothing to export here.
 "$PYTHON" -c "import verl_qwen3vl_plugin" 2>/dev/null || die "verl-qwen3vl-plugin is not installed for $PYTHON"
 
 ARGS=(
@@ -69,18 +71,6 @@ ARGS=(
     "rollout.n_gpus_per_node=$ROLLOUT_PER_NODE"
 )
 [[ -n "${MODEL_PATH:-}" ]] && ARGS+=("actor_rollout_ref.model.path=$MODEL_PATH")
-
-# verl < 0.9 never loads plugins by itself. Export the activation for this (driver) process, and hand it to every Ray
-# worker of the job, on every node, through the job's runtime_env: this script runs on the head node only and cannot
-# change the environment `ray start` had on the others.
-if ! "$PYTHON" -c "import sys; from verl_qwen3vl_plugin.compat import verl_discovers_plugins as d; sys.exit(not d())"; then
-    HOOKS=verl_qwen3vl_plugin.hooks.model_patch,verl_qwen3vl_plugin.hooks.npu_patch
-    case ",${VERL_USE_EXTERNAL_MODULES:-}," in
-        *",verl_qwen3vl_plugin.hooks.model_patch,"*",verl_qwen3vl_plugin.hooks.npu_patch,"*) ;;
-        *) export VERL_USE_EXTERNAL_MODULES=${VERL_USE_EXTERNAL_MODULES:+$VERL_USE_EXTERNAL_MODULES,}$HOOKS ;;
-    esac
-    ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='$VERL_USE_EXTERNAL_MODULES'")
-fi
 
 if (( DRY_RUN )); then
     exec "$PYTHON" "$HERE/compose.py" "${ARGS[@]}" "$@"

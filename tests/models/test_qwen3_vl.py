@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest import pos_embed_references
-from verl_qwen3vl_plugin.testing.tiny_models import vision_tower
+from verl_qwen3vl_plugin.selftest.pos_embed import forward_check, gradient_check, references
+from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
 # The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
-REFERENCES = pos_embed_references()
+REFERENCES = references()
 IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
 if "verl" in REFERENCES:
     IMPLEMENTATIONS["verl"] = REFERENCES["verl"]
@@ -37,29 +37,19 @@ def impl(request):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("grid", list(GRIDS))
 def test_forward_bit_identical_to_upstream(impl, grid, dtype):
-    tower = vision_tower(dtype=dtype)
-    grid_thw = torch.tensor(GRIDS[grid])
-    out = impl(tower, grid_thw)
-    assert out.shape == (int(grid_thw.prod(-1).sum()), 32)
+    out = impl(vision_tower(dtype=dtype), torch.tensor(GRIDS[grid]))
+    assert out.shape == (int(torch.tensor(GRIDS[grid]).prod(-1).sum()), 32)
     for name, reference in REFERENCES.items():
-        assert torch.equal(out, reference(tower, grid_thw)), name
+        check = forward_check(impl, reference, name, GRIDS[grid], dtype)
+        assert check.ok, check
 
 
 @pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")
 @pytest.mark.parametrize("grid", ["images_and_videos", "long_thin"])
 def test_fp32_gradient_matches_upstream(impl, grid):
-    grid_thw = torch.tensor(GRIDS[grid])
-    grad_out = torch.randn(int(grid_thw.prod(-1).sum()), 32, generator=torch.Generator().manual_seed(1))
-    grads = {}
-    for name, fn in {"impl": impl, **REFERENCES}.items():
-        tower = vision_tower()
-        fn(tower, grid_thw).backward(grad_out)
-        grads[name] = tower.pos_embed.weight.grad
-    for name in REFERENCES:
-        # The two sum each table row's contributions in different orders: fp32 rounding then scales with the size of
-        # the contributions (about the largest gradient), not with a row's possibly cancelled total.
-        atol = 1e-6 * float(grads[name].abs().max())
-        torch.testing.assert_close(grads["impl"], grads[name], rtol=1e-6, atol=atol, msg=name)
+    for name, reference in REFERENCES.items():
+        check = gradient_check(impl, reference, name, GRIDS[grid])
+        assert check.ok, check
 
 
 def test_bf16_gradient_matches_fp32_reference():

@@ -1,5 +1,5 @@
-"""Entry point: device-safe, vectorized ``fast_pos_embed_interpolate`` for the Qwen3-VL vision towers."""
+"""Entry point ``qwen3vl_model_patch``: the patches of the model group (any device)."""
 
-from verl_qwen3vl_plugin.registry import POS_EMBED, install_patch
+from verl_qwen3vl_plugin.registry import MODEL, install_group
 
-install_patch(POS_EMBED, "verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed")
+install_group(MODEL)

@@ -1,5 +1,5 @@
-"""Entry point: Qwen3-VL-MoE routing weights in training for verl 0.7.1's Ascend NPU MoE block."""
+"""Entry point ``qwen3vl_npu_patch``: the patches of verl's Ascend NPU code."""
 
-from verl_qwen3vl_plugin.registry import NPU_MOE_ROUTING, install_patch
+from verl_qwen3vl_plugin.registry import NPU, install_group
 
-install_patch(NPU_MOE_ROUTING, "verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe")
+install_group(NPU)

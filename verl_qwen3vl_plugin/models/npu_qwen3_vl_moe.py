@@ -6,7 +6,7 @@ dense (tokens, num_experts) matrix only when ``not self.training``, while the ex
 top-k columns misread as expert ids: reward stays flat and ppo_kl is orders of magnitude too low on Ascend (on the
 CPU it is an IndexError when num_experts > top_k, or silently wrong numbers when they are equal).
 How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered.
-Remove when: verl >= 0.8 (which always scatters, verl PR #6131) is the oldest verl run on Ascend.
+When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_routing`` spec (``patches/npu_qwen3_vl_moe.py``).
 """
 
 from __future__ import annotations

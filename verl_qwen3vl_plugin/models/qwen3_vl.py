@@ -14,8 +14,7 @@ parameter through the module; the result is never moved. The interpolation grid 
 per vector ISA, so no closed form is bit-identical everywhere), cached per device so a steady state copies nothing.
 Corner products and sums run in upstream's order and dtype, which makes the output bit-identical to upstream's.
 
-Remove when: the oldest supported transformers computes on ``grid_thw``'s device (5.9 does) and verl >= 0.8 is the
-floor (its ``apply_monkey_patch`` installs its own device fix).
+When it applies, and when it can be removed: the ``qwen3_vl_pos_embed`` spec (``patches/qwen3_vl_pos_embed.py``).
 """
 
 from __future__ import annotations

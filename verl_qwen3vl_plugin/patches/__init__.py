@@ -1,1 +1,10 @@
-"""One module per patch: when it applies (``decide``), how it is applied, and the post-import hooks that do it."""
+"""Every patch the plugin ships, one module each; add a patch here once.
+
+The hooks install their group from ``PATCHES``; the doctor, the self-test, the disable names and the docs tests all
+iterate over it. Patch modules import no torch: this list is built at ``import verl``.
+"""
+
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, qwen3_vl_pos_embed
+
+PATCHES = (qwen3_vl_pos_embed.PATCH, npu_qwen3_vl_moe.PATCH)
+NAMES = tuple(patch.name for patch in PATCHES)

@@ -1,27 +1,23 @@
-"""Patch: the plugin's ``fast_pos_embed_interpolate`` on ``Qwen3VLVisionModel`` and ``Qwen3VLMoeVisionModel``.
+"""Patch ``qwen3_vl_pos_embed``: the plugin's ``fast_pos_embed_interpolate`` on ``Qwen3VLVisionModel`` and
+``Qwen3VLMoeVisionModel``.
 
-Why: transformers 4.57.x to 5.8.x place the interpolation's index and weight tensors on the table's device, the CPU
-under FSDP2 CPU offload, so the vision forward fails with a device mismatch (verl PR #6131, #6332).
-How: a post-import hook sets the plugin's function on each vision class as soon as transformers' module is imported.
-On verl >= 0.8, ``apply_monkey_patch`` installs verl's own (slower, bit-identical) copy while building the model, so
-it is wrapped to put the plugin's back afterwards.
-Where it does nothing: transformers >= 5.9 no longer calls the method (its index math runs on ``grid_thw``'s device).
-Remove when: transformers >= 5.9 is the floor of the supported stacks.
+Targets: transformers' two Qwen3-VL modeling modules (set the plugin's function on the vision class), and verl's
+``monkey_patch`` module, whose ``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copy while building a model:
+it is wrapped to put the plugin's function back afterwards.
 """
 
 from __future__ import annotations
 
+import ast
 from types import ModuleType
 
-import wrapt
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
-from verl_qwen3vl_plugin.compat import dist_version, method_calls
-from verl_qwen3vl_plugin.registry import POS_EMBED, Status, disabled_verdict, guarded, on_import, record, start_install
-
-NAME = POS_EMBED
 METHOD = "fast_pos_embed_interpolate"
-# transformers module -> the vision class in it whose forward calls the interpolation.
-TARGETS = {
+# transformers >= 5.9 computes the interpolation with this pure function, on grid_thw's device.
+FIXED_HELPER = "get_vision_bilinear_indices_and_weights"
+VISION_CLASSES = {
     "transformers.models.qwen3_vl.modeling_qwen3_vl": "Qwen3VLVisionModel",
     "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "Qwen3VLMoeVisionModel",
 }
@@ -31,17 +27,32 @@ VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 _upstream: dict[type, object] = {}
 
 
-def decide(cls: type) -> tuple[Status, str]:
-    """Whether the patch applies to ``cls`` on this stack; the hook and the doctor both ask this."""
-    disabled = disabled_verdict(NAME)
-    if disabled:
-        return disabled
-    if not method_calls(cls, "forward", METHOD):
-        return Status.NOT_USED, (
-            f"transformers {dist_version('transformers')}: {cls.__name__}.forward does not call {METHOD} "
-            "(it computes on grid_thw's device)"
-        )
-    return Status.APPLIED, f"{cls.__name__}.forward calls {METHOD}, upstream's builds on pos_embed's device"
+def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
+    """Affected: the vision ``forward`` calls ``self.fast_pos_embed_interpolate`` (transformers 4.57 to 5.8).
+
+    Fixed: it calls ``get_vision_bilinear_indices_and_weights`` instead (5.9 and later).
+    """
+    cls = compat.find_class(tree, cls_name)
+    forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
+    if forward is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {cls_name}.forward in this transformers")
+    if compat.calls_self(forward, METHOD):
+        if method is None or compat.parameters(method) != ["self", "grid_thw"]:
+            return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
+        return Decision(Verdict.APPLY, f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device")
+    if compat.calls(forward, FIXED_HELPER):
+        return Decision(Verdict.NOT_USED, f"{cls_name}.forward calls {FIXED_HELPER} (on grid_thw's device)")
+    return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER}")
+
+
+def decide_monkey_patch(tree: ast.Module) -> Decision:
+    """Needed where verl's ``apply_monkey_patch`` sets its own ``fast_pos_embed_interpolate`` (verl >= 0.8)."""
+    func = compat.find_function(tree, "apply_monkey_patch")
+    if func is None:
+        return Decision(Verdict.UNRECOGNIZED, "verl's monkey_patch has no apply_monkey_patch")
+    if compat.assigns_attribute(func, METHOD):
+        return Decision(Verdict.APPLY, f"apply_monkey_patch sets verl's {METHOD}: the plugin's is put back after it")
+    return Decision(Verdict.NOT_USED, f"apply_monkey_patch leaves {METHOD} alone")
 
 
 def upstream_method(cls: type):
@@ -55,32 +66,47 @@ def _set_ours(cls: type) -> None:
     setattr(cls, METHOD, fast_pos_embed_interpolate)
 
 
-def _on_transformers_module(module: ModuleType) -> None:
-    cls = getattr(module, TARGETS[module.__name__])
-    status, reason = decide(cls)
-    if status is Status.APPLIED:
-        _upstream.setdefault(cls, cls.__dict__.get(METHOD))
-        _set_ours(cls)
-        reason = ", ".join(c.__name__ for c in _upstream) + f".{METHOD} replaced (computes on grid_thw's device)"
-    record(NAME, status, reason)
+def _apply_to_vision_class(module: ModuleType) -> None:
+    cls = getattr(module, VISION_CLASSES[module.__name__])
+    _upstream.setdefault(cls, cls.__dict__.get(METHOD))
+    _set_ours(cls)
 
 
 def _after_verl_monkey_patch(wrapped, instance, args, kwargs):
-    """verl >= 0.8 sets its own copy on both classes while building a model: put the plugin's back."""
     result = wrapped(*args, **kwargs)
-    for cls in _upstream:
-        guarded(NAME, _set_ours, cls)
+    for cls in _upstream:  # only the classes the plugin patched: a skipped or disabled patch stays so
+        _set_ours(cls)
     return result
 
 
-def _on_verl_monkey_patch(module: ModuleType) -> None:
+def _wrap_apply_monkey_patch(module: ModuleType) -> None:
+    import wrapt
+
     wrapt.wrap_function_wrapper(module, "apply_monkey_patch", _after_verl_monkey_patch)
 
 
-def install() -> None:
-    """Register the post-import hooks (once per process); targets already imported are patched right away."""
-    if not start_install(NAME, "waiting for transformers' Qwen3-VL modeling modules to be imported"):
-        return
-    for target in TARGETS:
-        on_import(NAME, target, _on_transformers_module)
-    on_import(NAME, VERL_MONKEY_PATCH, _on_verl_monkey_patch)
+def _vision_target(module: str, cls_name: str) -> Target:
+    return Target(module, lambda tree: decide_vision_class(cls_name, tree), _apply_to_vision_class)
+
+
+PATCH = Patch(
+    name="qwen3_vl_pos_embed",
+    group=MODEL,
+    targets=(
+        *(_vision_target(module, cls_name) for module, cls_name in VISION_CLASSES.items()),
+        Target(VERL_MONKEY_PATCH, decide_monkey_patch, _wrap_apply_monkey_patch),
+    ),
+    devices=None,
+    why=(
+        "transformers 4.57.x to 5.8.x build the interpolation's index and weight tensors on the position table's "
+        "device, the CPU under FSDP2 CPU offload: the vision forward fails with a device mismatch. Everywhere, it "
+        "loops over images in Python with a host sync per patch list."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.models.qwen3_vl.fast_pos_embed_interpolate replaces the method on both vision classes: "
+        "computed on grid_thw's device, vectorized, one host sync per call, bit-identical output."
+    ),
+    upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
+    remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL with.",
+    selftest="verl_qwen3vl_plugin.selftest.pos_embed",
+)

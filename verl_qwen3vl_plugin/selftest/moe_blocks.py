@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_qwen3vl_plugin.testing.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe_config
+from verl_qwen3vl_plugin.selftest.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe_config
 
 
 @dataclass

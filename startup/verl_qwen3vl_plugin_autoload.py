@@ -1,0 +1,91 @@
+"""Start-up hook of verl-qwen3vl-plugin: loads the plugin's hooks right after ``import verl``, on every verl.
+
+Why: verl 0.7.x and 0.8.0 load plugins only from ``VERL_USE_EXTERNAL_MODULES``, so a plain ``pip install`` would
+leave them unpatched. ``site`` imports this module from ``verl_qwen3vl_plugin_autoload.pth`` in every Python process
+of the environment (Ray workers included), before any user code.
+
+How: it puts one finder at the front of ``sys.meta_path`` that answers only for ``verl``. It asks the other finders
+for verl's spec, wraps the loader, and once verl's ``__init__`` has run, hands over to
+``verl_qwen3vl_plugin.activation``, which leaves verl >= 0.9 to its own entry-point discovery. Then the finder
+removes itself. Until verl is imported nothing beyond this module is imported (``os`` and ``sys`` are loaded at
+start-up anyway), and nothing here may raise: a broken plugin must not break ``python``.
+
+Off: ``VERL_QWEN3VL_PLUGIN_AUTOLOAD=0`` (read at start-up, and again when verl is imported). ``python -S`` skips
+``.pth`` files; there, ``VERL_USE_EXTERNAL_MODULES`` still works.
+"""
+
+import os
+import sys
+
+ENV = "VERL_QWEN3VL_PLUGIN_AUTOLOAD"
+# What this hook did in this process: "off", "waiting for verl", or what activation returned once verl was imported.
+state = "off"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _ActivatingLoader:
+    """verl's own loader, plus the plugin's activation once verl's ``__init__`` has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader  # verl sees its own loader
+        self._loader.exec_module(module)
+        _activate()
+
+
+class _VerlFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "verl":
+            return None
+        _uninstall()
+        for finder in sys.meta_path:  # the remaining finders, in the order the import system asks them
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if getattr(spec.loader, "exec_module", None) is not None:
+                    spec.loader = _ActivatingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _uninstall() -> None:
+    if _VerlFinder in sys.meta_path:
+        sys.meta_path.remove(_VerlFinder)
+
+
+def _activate() -> None:
+    global state
+    try:
+        if not enabled():  # a process may opt out after start-up, before it imports verl
+            state = "off"
+            return
+        from verl_qwen3vl_plugin.activation import after_import_verl
+
+        state = after_import_verl()
+    except Exception as exc:  # never break `import verl`; say why, at WARNING
+        state = f"failed: {type(exc).__name__}: {exc}"
+        import logging
+
+        logging.getLogger("verl_qwen3vl_plugin").warning("verl-qwen3vl-plugin: start-up hook %s", state)
+
+
+def _install() -> None:
+    global state
+    if enabled() and "verl" not in sys.modules and _VerlFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _VerlFinder)
+        state = "waiting for verl"
+
+
+_install()

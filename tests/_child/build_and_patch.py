@@ -1,0 +1,29 @@
+"""Build tiny Qwen3-VL and Qwen3-VL-MoE models through verl's own ``apply_monkey_patch`` and run their vision towers;
+prints whether the plugin's interpolation is the one in effect, and the statuses."""
+
+import json
+
+import torch
+import verl  # noqa: F401
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+import verl_qwen3vl_plugin as plugin
+from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values, tiny_qwen3_vl, tiny_qwen3_vl_moe
+
+result = {}
+grid = torch.tensor([[1, 4, 6], [2, 8, 4]])
+for name, build in {"dense": tiny_qwen3_vl, "moe": tiny_qwen3_vl_moe}.items():
+    model = build()
+    apply_monkey_patch(model, use_remove_padding=False)
+    visual = model.model.visual
+    out = visual(pixel_values(grid), grid_thw=grid)
+    out = out[0] if isinstance(out, tuple) else getattr(out, "last_hidden_state", out)
+    result[name] = {
+        "ours": type(visual).fast_pos_embed_interpolate is fast_pos_embed_interpolate,
+        "finite": bool(torch.isfinite(out).all()),
+    }
+result["status"] = {
+    s.target: [s.status.value, s.reason] for s in plugin.patch_statuses() if s.patch == "qwen3_vl_pos_embed"
+}
+print(json.dumps(result))

@@ -1,0 +1,47 @@
+"""Serve a synthesized source under a real target's module name and let the plugin's real hook handle its import.
+
+    synthesized_target.py MODULE SOURCE_FILE CLASS ATTRIBUTE
+
+Prints the target's status and whether ``CLASS.ATTRIBUTE`` was replaced. The synthesized file stands in for an
+upstream release the plugin has never seen.
+"""
+
+import importlib.machinery
+import importlib.util
+import json
+import sys
+
+import verl  # noqa: F401
+
+module_name, source_file, class_name, attribute = sys.argv[1:]
+
+
+class SynthesizedFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == module_name:
+            return importlib.util.spec_from_file_location(name, source_file)
+        return None
+
+
+# Just before the file-system finder, so the plugin's post-import hook finder (wrapt's) still sees the import.
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), SynthesizedFinder)
+import verl_qwen3vl_plugin as plugin  # noqa: E402
+from verl_qwen3vl_plugin.patches import PATCHES  # noqa: E402
+from verl_qwen3vl_plugin.registry import install_group  # noqa: E402
+
+patch = next(p for p in PATCHES if any(t.module == module_name for t in p.targets))
+install_group(patch.group)
+module = importlib.import_module(module_name)
+cls = getattr(module, class_name)
+(status,) = [s for s in plugin.patch_statuses() if s.target == module_name]
+print(
+    json.dumps(
+        {
+            "status": status.status.value,
+            "reason": status.reason,
+            "replaced": attribute in cls.__dict__
+            and getattr(cls, attribute).__module__.startswith("verl_qwen3vl_plugin"),
+        }
+    )
+)

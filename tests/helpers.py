@@ -1,0 +1,50 @@
+"""Helpers shared by the tests: the stack under test, and fresh interpreters with controlled environments.
+
+Child-process scripts live in ``tests/_child/`` so ruff sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from verl_qwen3vl_plugin.compat import dist_version, verl_discovers_plugins
+
+VERL = dist_version("verl")
+TRANSFORMERS = dist_version("transformers")
+DISCOVERS_PLUGINS = verl_discovers_plugins()
+POS_EMBED_USED = TRANSFORMERS.release < (5, 9)  # transformers >= 5.9 no longer calls fast_pos_embed_interpolate
+CHILD = Path(__file__).resolve().parent / "_child"
+ROOT = CHILD.parents[1]
+PLUGIN_SWITCHES = ("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN")
+
+
+def run_args(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | str | None = None
+) -> subprocess.CompletedProcess:
+    """Run this interpreter with ``args``, in this environment minus every plugin switch, plus ``env``.
+
+    Without the switches the child is a user's process: the start-up hook on, nothing exported.
+    """
+    base = {k: v for k, v in os.environ.items() if not k.startswith(PLUGIN_SWITCHES)}
+    return subprocess.run(
+        [sys.executable, *args], env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def run_child(script: str, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``tests/_child/<script>`` in a fresh interpreter (see ``run_args`` for its environment)."""
+    return run_args([str(CHILD / script), *args], env, **kwargs)
+
+
+def last_json(proc: subprocess.CompletedProcess):
+    """The JSON object a child printed last; fails with its stderr when it did not exit 0."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_json(script: str, *args: str, env: dict[str, str] | None = None, **kwargs):
+    return last_json(run_child(script, *args, env=env, **kwargs))

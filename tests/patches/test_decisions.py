@@ -1,0 +1,140 @@
+"""Each patch's decision, read from the installed upstream code and from synthesized sources, through
+``registry.decide`` (what the hooks and the doctor both call). Fail closed: a shape no probe knows is
+``unrecognized``, is not patched by the real hook, and is logged at WARNING."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import POS_EMBED_USED, VERL, child_json, last_json, run_child
+from verl_qwen3vl_plugin.compat import module_source
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, qwen3_vl_pos_embed
+from verl_qwen3vl_plugin.registry import Verdict, decide
+
+NPU = npu_qwen3_vl_moe.PATCH
+POS = qwen3_vl_pos_embed.PATCH
+NPU_SOURCE = module_source(npu_qwen3_vl_moe.TARGET)
+VISION = POS.targets[0]
+VISION_SOURCE = module_source(VISION.module)
+GUARD = "        if not self.training:\n            routing_weights = torch.zeros_like"
+TRAINING_GATHER = "selected_probs = routing_weights[batch_idx, router_indices]"
+
+
+def npu_verdict(source: str | None) -> tuple[Verdict, str]:
+    return decide(NPU, NPU.targets[0], source)
+
+
+def test_installed_verl_npu_decision():
+    verdict, reason = npu_verdict(NPU_SOURCE)
+    assert verdict is (Verdict.APPLY if VERL.release == (0, 7, 1) else Verdict.FIXED_UPSTREAM), reason
+
+
+def test_installed_transformers_pos_embed_decision():
+    for target in POS.targets[:2]:
+        verdict, reason = decide(POS, target, module_source(target.module))
+        assert verdict is (Verdict.APPLY if POS_EMBED_USED else Verdict.NOT_USED), reason
+
+
+@pytest.mark.skipif(VERL.release != (0, 7, 1), reason="edits of verl 0.7.1's source")
+class TestEditedNpuSource:
+    def test_always_scattering_block_is_fixed_upstream(self):
+        """verl >= 0.8's shape: the guard removed."""
+        fixed = NPU_SOURCE.replace(GUARD, "        routing_weights = torch.zeros_like")
+        assert fixed != NPU_SOURCE
+        verdict, reason = npu_verdict(fixed)
+        assert verdict is Verdict.FIXED_UPSTREAM and "scatters routing weights in every mode" in reason
+
+    def test_experts_taking_top_k_weights_are_verl_070(self):
+        v070 = NPU_SOURCE.replace("probs=selected_probs", "probs=routing_weights")
+        assert v070 != NPU_SOURCE
+        verdict, reason = npu_verdict(v070.replace(TRAINING_GATHER, "pass"))
+        assert verdict is Verdict.FIXED_UPSTREAM and "takes the top-k weights directly" in reason
+
+    def test_experts_reading_some_other_way_are_unrecognized(self):
+        """Refactored experts: neither the 0.7.1 gather nor the 0.7.0 pass-through. Not "fixed upstream"."""
+        other = NPU_SOURCE.replace(TRAINING_GATHER, "selected_probs = routing_weights.gather(1, router_indices)")
+        assert other != NPU_SOURCE
+        assert npu_verdict(other)[0] is Verdict.UNRECOGNIZED
+
+    def test_renamed_block_is_unrecognized(self):
+        renamed = NPU_SOURCE.replace("class NPUQwen3VLMoeTextSparseMoeBlock", "class Renamed")
+        assert npu_verdict(renamed)[0] is Verdict.UNRECOGNIZED
+
+
+@pytest.mark.parametrize("source", [None, "def broken(:\n"], ids=["unreadable", "unparsable"])
+def test_unreadable_or_unparsable_source_is_unrecognized(source):
+    assert npu_verdict(source)[0] is Verdict.UNRECOGNIZED
+    assert decide(POS, VISION, source)[0] is Verdict.UNRECOGNIZED
+
+
+SYNTH_NPU = """
+class NPUQwen3VLMoeTextExperts:
+    def forward(self, hidden_states, routing_weights, router_indices):
+        return hidden_states * routing_weights.sum()
+
+
+class NPUQwen3VLMoeTextSparseMoeBlock:
+    def forward(self, hidden_states):
+        return self.experts(hidden_states, self.route(hidden_states), None)
+"""
+SYNTH_VISION = """
+class Qwen3VLVisionModel:
+    def fast_pos_embed_interpolate(self, grid_thw):
+        return grid_thw
+
+    def forward(self, hidden_states, grid_thw, **kwargs):
+        return hidden_states + self.position_table(grid_thw)
+"""
+VISION_KNOWN_FIXED = SYNTH_VISION.replace(
+    "self.position_table(grid_thw)", "get_vision_bilinear_indices_and_weights(grid_thw)"
+)
+VISION_AFFECTED = SYNTH_VISION.replace("self.position_table(grid_thw)", "self.fast_pos_embed_interpolate(grid_thw)")
+
+
+def test_synthesized_vision_sources():
+    assert decide(POS, VISION, SYNTH_VISION)[0] is Verdict.UNRECOGNIZED
+    assert decide(POS, VISION, VISION_KNOWN_FIXED)[0] is Verdict.NOT_USED
+    assert decide(POS, VISION, VISION_AFFECTED)[0] is Verdict.APPLY
+    wrong_signature = VISION_AFFECTED.replace("(self, grid_thw):", "(self, grid_thw, scale):")
+    assert decide(POS, VISION, wrong_signature)[0] is Verdict.UNRECOGNIZED
+
+
+def test_synthesized_monkey_patch_sources():
+    target = POS.targets[2]
+    assert decide(POS, target, "def other():\n    pass\n")[0] is Verdict.UNRECOGNIZED
+    assert decide(POS, target, "def apply_monkey_patch(model):\n    pass\n")[0] is Verdict.NOT_USED
+    sets = "def apply_monkey_patch(model):\n    Qwen3VLVisionModel.fast_pos_embed_interpolate = f\n"
+    assert decide(POS, target, sets)[0] is Verdict.APPLY
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "cls", "attribute"),
+    [
+        (npu_qwen3_vl_moe.TARGET, SYNTH_NPU, npu_qwen3_vl_moe.BLOCK, "forward"),
+        (VISION.module, SYNTH_VISION, "Qwen3VLVisionModel", "fast_pos_embed_interpolate"),
+    ],
+    ids=["npu_block", "vision"],
+)
+def test_real_hook_on_unrecognized_upstream_does_not_patch_and_warns(tmp_path, module, source, cls, attribute):
+    path = tmp_path / "synthesized.py"
+    path.write_text(source)
+    proc = run_child("synthesized_target.py", module, str(path), cls, attribute)
+    result = last_json(proc)
+    assert result["status"] == "unrecognized" and not result["replaced"], result
+    assert f"on {module} unrecognized" in proc.stderr  # WARNING reaches stderr at verl's default level
+
+
+def test_real_hook_on_affected_synthesized_upstream_patches(tmp_path):
+    """The control for the test above: the same harness patches a source in the known-affected shape."""
+    path = tmp_path / "synthesized.py"
+    path.write_text(VISION_AFFECTED)
+    result = child_json(
+        "synthesized_target.py", VISION.module, str(path), "Qwen3VLVisionModel", "fast_pos_embed_interpolate"
+    )
+    assert result["status"] == "applied" and result["replaced"], result
+
+
+def test_disabled(monkeypatch):
+    monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "npu_qwen3_vl_moe_routing")
+    assert npu_verdict(NPU_SOURCE)[0] is Verdict.DISABLED
+    assert decide(POS, VISION, VISION_SOURCE)[0] is not Verdict.DISABLED

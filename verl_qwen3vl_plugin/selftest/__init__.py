@@ -1,0 +1,31 @@
+"""``verl-qwen3vl-plugin doctor --selftest``: each patch checked on embedded tiny models on the CPU, against the
+upstream implementations installed here. Takes seconds; needs no accelerator and no download.
+
+Each patch's ``selftest`` module holds its checks, with their tolerances; the test suite calls the same check
+functions, on more cases. The tiny models and the CPU reference ``torch_npu`` ops live here too, so an installed
+wheel can run the self-test; they are never used in training.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+
+class Check(NamedTuple):
+    name: str
+    ok: bool
+    detail: str
+
+
+def run() -> list[Check]:
+    """Every patch's checks, in registry order."""
+    from verl_qwen3vl_plugin.patches import PATCHES
+
+    checks = []
+    for patch in PATCHES:
+        try:
+            checks += importlib.import_module(patch.selftest).run()
+        except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
+            checks.append(Check(f"{patch.name} self-test", False, f"{type(exc).__name__}: {exc}"))
+    return checks
