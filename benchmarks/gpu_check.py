@@ -84,10 +84,10 @@ def check_syncs() -> bool:
 
 def check_timings(repeats: int = 10) -> bool:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest import pos_embed_references
+    from verl_qwen3vl_plugin.selftest.pos_embed import references
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
-    impls = {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
+    impls = {"plugin": fast_pos_embed_interpolate, **references()}
     grid = geo3k_grid(64)
     ok = True
     for dtype in (torch.float32, torch.bfloat16):

@@ -40,9 +40,9 @@ def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
 
 def implementations() -> dict[str, Callable]:
     from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest import pos_embed_references
+    from verl_qwen3vl_plugin.selftest.pos_embed import references
 
-    return {"plugin": fast_pos_embed_interpolate, **pos_embed_references()}
+    return {"plugin": fast_pos_embed_interpolate, **references()}
 
 
 def tower(hidden: int, dtype: torch.dtype):
