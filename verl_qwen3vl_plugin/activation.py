@@ -27,7 +27,7 @@ def after_import_verl() -> str:
     if verl_discovers_plugins():
         return "left to verl's entry points"
     if all(module in sys.modules for module in HOOK_MODULES.values()):
-        return f"already loaded by verl ({MODULES_ENV})"
+        return "hooks already loaded"  # by VERL_USE_EXTERNAL_MODULES, or imported directly
     for module in HOOK_MODULES.values():
         importlib.import_module(module)
     return "loaded"
