@@ -4,6 +4,8 @@ torch is pinned to 2.13.0 (a CPU build) in every stack: an unpinned torch pulls 
 """
 
 import glob
+import os
+import shutil
 
 import nox
 
@@ -43,7 +45,8 @@ def tests(session: nox.Session, stack: str) -> None:
 def wheel(session: nox.Session) -> None:
     """Build the sdist and wheel, check them, install the wheel (not editable) and test it; then uninstall it."""
     session.install("build", "twine")
-    dist = session.create_tmp()
+    dist = os.path.join(session.create_tmp(), "dist")
+    shutil.rmtree(dist, ignore_errors=True)
     session.run("python", "-m", "build", "--outdir", dist)
     session.run("twine", "check", "--strict", f"{dist}/*", external=False)
     (wheel_file,) = glob.glob(f"{dist}/*.whl")

@@ -6,13 +6,13 @@ child interpreter outside the checkout, so it sees the installed files, never th
 
 from __future__ import annotations
 
-import json
+import contextlib
 import statistics
 import subprocess
 import sys
 import sysconfig
 import time
-from importlib import metadata
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,21 +28,24 @@ RUNS = 21
 BUDGET_US = 1000  # what the start-up hook may add to any Python process
 
 
-def test_regular_install_of_the_wheel():
-    dist = metadata.distribution("verl-qwen3vl-plugin")
-    direct_url = dist.read_text("direct_url.json")
-    assert direct_url is None or not json.loads(direct_url).get("dir_info", {}).get("editable"), direct_url
-    files = {str(f) for f in dist.files}
-    assert {PTH.name, f"{STARTUP}.py", "verl_qwen3vl_plugin/registry.py"} <= files
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> dict:
+    return child_json("distribution.py", cwd=tmp_path_factory.mktemp("outside"))
+
+
+def test_regular_install_of_the_wheel(dist):
+    assert not dist["direct_url"].get("dir_info", {}).get("editable"), dist["direct_url"]
+    assert {PTH.name, f"{STARTUP}.py", "verl_qwen3vl_plugin/registry.py"} <= set(dist["files"])
     assert PTH.read_text().strip() == f"import {STARTUP}"
+    assert (SITE / f"{STARTUP}.py").is_file()
 
 
-def test_entry_points_and_console_script():
-    eps = {ep.name: ep.value for ep in metadata.entry_points(group="verl.plugins") if ep.value in HOOK_MODULES.values()}
-    assert sorted(eps.values()) == sorted(HOOK_MODULES.values())
+def test_entry_points_and_console_script(dist):
+    assert sorted(dist["entry_points"].values()) == sorted(HOOK_MODULES.values())
+    assert dist["scripts"] == {"verl-qwen3vl-plugin": "verl_qwen3vl_plugin.cli:main"}
     script = Path(sys.executable).with_name("verl-qwen3vl-plugin")
     proc = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.strip() == metadata.version("verl-qwen3vl-plugin"), proc
+    assert proc.returncode == 0 and proc.stdout.strip() == dist["version"], proc
 
 
 def test_import_verl_loads_the_installed_plugin_with_no_env(tmp_path):
@@ -54,8 +57,8 @@ def test_import_verl_loads_the_installed_plugin_with_no_env(tmp_path):
 
 def _importtime_us(tmp_path: Path) -> int:
     proc = run_args(["-X", "importtime", "-c", "pass"], cwd=tmp_path)
-    (line,) = [line for line in proc.stderr.splitlines() if line.rstrip().endswith(f"| {STARTUP}")]
-    return int(line.split("|")[1])
+    (line,) = [line for line in proc.stderr.splitlines() if line.split("|")[-1].strip() == STARTUP]
+    return int(line.split("|")[1])  # "import time: self | cumulative | name": everything it imported included
 
 
 def _wall_s(tmp_path: Path) -> float:
@@ -64,32 +67,34 @@ def _wall_s(tmp_path: Path) -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def _without_start_up_hook() -> Iterator[None]:
+    disabled = PTH.with_suffix(".pth.off")
+    PTH.rename(disabled)
+    try:
+        yield
+    finally:
+        disabled.rename(PTH)
+
+
 def test_start_up_cost_within_budget(tmp_path):
     """``python -X importtime -c pass``: the start-up module, with everything it imports, under 1 ms (median)."""
     cost = statistics.median(_importtime_us(tmp_path) for _ in range(RUNS))
     walls = {True: [], False: []}
-    disabled = PTH.with_suffix(".pth.off")
-    try:
-        for i in range(2 * RUNS):  # alternating, for the wall-clock figure printed below
-            installed = i % 2 == 0
-            (disabled if installed else PTH).rename(PTH if installed else disabled)
-            walls[installed].append(_wall_s(tmp_path))
-    finally:
-        if disabled.exists():
-            disabled.rename(PTH)
-    delta = statistics.median(walls[True]) - statistics.median(walls[False])
-    print(f"\nstart-up hook: importtime {cost:.0f} us (median of {RUNS}); `python -c pass` wall "
-          f"{statistics.median(walls[True]) * 1e3:.1f} ms with, {statistics.median(walls[False]) * 1e3:.1f} ms "
-          f"without, difference {delta * 1e6:.0f} us")  # fmt: skip
+    for _ in range(RUNS):  # alternating, for the wall-clock figure printed below
+        walls[True].append(_wall_s(tmp_path))
+        with _without_start_up_hook():
+            walls[False].append(_wall_s(tmp_path))
+    with_hook, without = statistics.median(walls[True]), statistics.median(walls[False])
+    print(
+        f"\nstart-up hook: importtime {cost:.0f} us (median of {RUNS}); `python -c pass` wall {with_hook * 1e3:.1f} ms"
+        f" with, {without * 1e3:.1f} ms without, difference {(with_hook - without) * 1e6:.0f} us"
+    )
     assert cost <= BUDGET_US
 
 
 def test_start_up_imports_only_the_hook_module(tmp_path):
     with_hook = set(child_json("startup_modules.py", cwd=tmp_path))
-    disabled = PTH.with_suffix(".pth.off")
-    PTH.rename(disabled)
-    try:
+    with _without_start_up_hook():
         without = set(child_json("startup_modules.py", cwd=tmp_path))
-    finally:
-        disabled.rename(PTH)
     assert with_hook - without == {STARTUP}
