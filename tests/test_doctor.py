@@ -21,6 +21,10 @@ EXPECTED_VERDICTS = {
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },
+    "npu_qwen3_vl_moe_weight_sync": {
+        "verl.workers.engine.fsdp.utils": "apply" if VERL.release >= (0, 9) else "not_used",
+        "verl.workers.engine.fsdp.transformer_impl": "apply" if VERL.release >= (0, 9) else "not_used",
+    },
 }
 
 
@@ -71,6 +75,7 @@ def test_json_report_and_verdicts():
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
     assert report["devices"] == {"cuda": False, "npu": False}
     assert report["patches"]["npu_qwen3_vl_moe_routing"]["concerns_this_machine"] is False
+    assert report["patches"]["npu_qwen3_vl_moe_weight_sync"]["concerns_this_machine"] is False
 
 
 def test_disabled_patch_is_reported():
@@ -88,7 +93,8 @@ def test_selftest_runs_every_patch_and_passes():
 
 
 def _unrecognized_everywhere(monkeypatch):
-    monkeypatch.setattr("verl_qwen3vl_plugin.doctor.module_source", lambda name: "x = 1\n")
+    for where in ("verl_qwen3vl_plugin.doctor.module_source", "verl_qwen3vl_plugin.compat.module_source"):
+        monkeypatch.setattr(where, lambda name: "x = 1\n")
 
 
 @pytest.mark.parametrize("npu", [False, True], ids=["no_npu", "npu"])

@@ -106,6 +106,16 @@ def has_string(node: ast.AST, value: str) -> bool:
     return any(isinstance(n, ast.Constant) and n.value == value for n in ast.walk(node))
 
 
+def mentions(node: ast.AST, text: str) -> bool:
+    """Whether a string literal, a name or an attribute in ``node`` contains ``text``."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and text in n.value:
+            return True
+        if (isinstance(n, ast.Name) and text in n.id) or (isinstance(n, ast.Attribute) and text in n.attr):
+            return True
+    return False
+
+
 @lru_cache(maxsize=1)
 def verl_discovers_plugins() -> bool:
     """Whether ``import verl`` loads the ``verl.plugins`` entry points (verl >= 0.9; older verl never looks).

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import POS_EMBED_USED, VERL, child_json, last_json, run_child
 from verl_qwen3vl_plugin.compat import module_source
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, qwen3_vl_pos_embed
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, npu_qwen3_vl_moe_weight_sync, qwen3_vl_pos_embed
 from verl_qwen3vl_plugin.registry import Verdict, decide
 
 NPU = npu_qwen3_vl_moe.PATCH
@@ -138,3 +138,49 @@ def test_disabled(monkeypatch):
     monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "npu_qwen3_vl_moe_routing")
     assert npu_verdict(NPU_SOURCE)[0] is Verdict.DISABLED
     assert decide(POS, VISION, VISION_SOURCE)[0] is not Verdict.DISABLED
+
+
+SYNC = npu_qwen3_vl_moe_weight_sync.PATCH
+UTILS_SOURCE = module_source(npu_qwen3_vl_moe_weight_sync.UTILS)
+SYNCS = VERL.release >= (0, 9)
+
+
+def test_installed_verl_weight_sync_decision():
+    for target in SYNC.targets:
+        verdict, reason = decide(SYNC, target, module_source(target.module))
+        assert verdict is (Verdict.APPLY if SYNCS else Verdict.NOT_USED), reason
+
+
+@pytest.mark.skipif(not SYNCS, reason="edits of verl 0.9's unfuse_moe_params")
+class TestEditedWeightSyncSources:
+    def test_a_split_along_another_axis_is_unrecognized(self):
+        edited = UTILS_SOURCE.replace("tensor.chunk(2, dim=1)", "tensor.chunk(2, dim=2)")
+        assert edited != UTILS_SOURCE
+        assert decide(SYNC, SYNC.targets[0], edited)[0] is Verdict.UNRECOGNIZED
+
+    def test_npu_experts_in_transformers5_layout_are_fixed_upstream(self, monkeypatch):
+        npu = NPU_SOURCE.replace(
+            "torch.empty(self.num_experts, self.hidden_size, 2 * self.expert_dim)",
+            "torch.empty(self.num_experts, 2 * self.expert_dim, self.hidden_size)",
+        )
+        assert npu != NPU_SOURCE
+        monkeypatch.setattr(npu_qwen3_vl_moe_weight_sync.compat, "module_source", lambda name: npu)
+        verdict, reason = decide(SYNC, SYNC.targets[0], UTILS_SOURCE)
+        assert verdict is Verdict.FIXED_UPSTREAM and "(E, 2I, H)" in reason
+
+    def test_npu_experts_built_some_other_way_are_unrecognized(self, monkeypatch):
+        npu = NPU_SOURCE.replace("torch.empty(self.num_experts, self.hidden_size, 2 * self.expert_dim)", "make()")
+        assert npu != NPU_SOURCE
+        monkeypatch.setattr(npu_qwen3_vl_moe_weight_sync.compat, "module_source", lambda name: npu)
+        assert decide(SYNC, SYNC.targets[0], UTILS_SOURCE)[0] is Verdict.UNRECOGNIZED
+
+
+def test_synthesized_weight_sync_caller_sources():
+    caller = SYNC.targets[1]
+    assert decide(SYNC, caller, "class FSDPEngine:\n    pass\n")[0] is Verdict.UNRECOGNIZED
+    streams_as_stored = (
+        "class FSDPEngine:\n    def get_per_tensor_param(self):\n        return self.module.state_dict()\n"
+    )
+    assert decide(SYNC, caller, streams_as_stored)[0] is Verdict.NOT_USED
+    splits_itself = streams_as_stored.replace("return self", "k = 'mlp.experts.gate_up_proj'\n        return self")
+    assert decide(SYNC, caller, splits_itself)[0] is Verdict.UNRECOGNIZED

@@ -1,7 +1,9 @@
-"""verl's real Ascend ``npu_patch`` run on the CPU through reference ``torch_npu`` ops, without and with the plugin.
+"""verl's real Ascend ``npu_patch`` run on the CPU through reference ``torch_npu`` ops, without and with the plugin:
+its Qwen3-VL-MoE block against transformers' own (weights copied with the layout mapping on transformers 5), a whole
+tiny model, and what verl's FSDP engine streams to the rollout.
 
 verl's npu_patch rewires transformers' Qwen3 modules for the rest of the process, so this module runs in its own
-pytest process (marker ``fake_npu``; see noxfile.py). References are computed before it is imported.
+pytest process (marker ``fake_npu``; see noxfile.py). References are computed before verl swaps the block.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import TRANSFORMERS
-from verl_qwen3vl_plugin.registry import NPU, Status, install_group, patch_statuses
-from verl_qwen3vl_plugin.selftest.moe_blocks import block_input, block_pair, run_block
+from verl_qwen3vl_plugin.compat import module_source
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
+from verl_qwen3vl_plugin.registry import NPU, Status, Verdict, decide, install_group, patch_statuses
+from verl_qwen3vl_plugin.selftest.moe_blocks import block_input, block_pair, engine_weight_stream, npu_layout, run_block
+from verl_qwen3vl_plugin.selftest.npu_moe import block_check, weight_sync_check
 from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
-from verl_qwen3vl_plugin.selftest.npu_routing import block_check
 from verl_qwen3vl_plugin.selftest.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe
 
-# verl's NPU block keeps transformers 4.57's expert layout, (experts, hidden, 2 * intermediate); transformers 5 stores
-# (experts, 2 * intermediate, hidden), so weights only carry over, and numbers only compare, on transformers 4.x.
-SAME_LAYOUT = TRANSFORMERS.release < (5,)
-same_layout = pytest.mark.skipif(not SAME_LAYOUT, reason="verl's NPU block and transformers 5 differ in expert layout")
 pytestmark = pytest.mark.fake_npu
+SYNCS = decide(sync.PATCH, sync.PATCH.targets[0], module_source(sync.UTILS)).verdict is Verdict.APPLY
+# The tiny model's hidden 32 with expert intermediates 24 (shapes tell a mis-split) and 16 (hidden == 2 * I: they
+# do not, and only the values show it).
+INTERMEDIATES = {"hidden_ne_2i": 24, "hidden_eq_2i": 16}
 
 
 def whole_model_loss_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -42,10 +46,19 @@ def npu():
         hf_block = hf.Qwen3VLMoeTextSparseMoeBlock
         reference = randomize(tiny_qwen3_vl_moe(), seed=0)
         ref_loss, ref_grads = whole_model_loss_and_grads(reference)
-        npu_patch = importlib.import_module("verl.models.transformers.npu_patch")
+        states, streams = {}, {}
+        for case, intermediate in INTERMEDIATES.items():
+            model = randomize(tiny_qwen3_vl_moe(moe_intermediate_size=intermediate), seed=1)
+            states[case] = model.state_dict()
+            if SYNCS:  # verl's own weight stream of transformers' own model: what the rollout must receive
+                streams[case] = engine_weight_stream(model)
+        npu_patch = importlib.import_module(routing.TARGET)
+        getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 swaps the block here, 0.8 at import
         block = npu_patch.NPUQwen3VLMoeTextSparseMoeBlock
         verl_forward = block.forward
-        install_group(NPU)  # npu_patch is already imported: the hook acts right away
+        engine = importlib.import_module(sync.CALLER)  # verl's FSDP engine: the weight-sync patch's targets
+        verl_unfuse = getattr(engine, sync.FUNCTION, None)
+        install_group(NPU)  # npu_patch is already imported: the hooks act right away
         yield SimpleNamespace(
             hf_block=hf_block,
             npu_block=block,
@@ -54,16 +67,24 @@ def npu():
             state=reference.state_dict(),
             ref_loss=ref_loss,
             ref_grads=ref_grads,
+            states=states,
+            streams=streams,
+            engine=engine,
+            verl_unfuse=verl_unfuse,
         )
 
 
-def test_status_matches_the_installed_verl(npu):
-    (status,) = [s for s in patch_statuses() if s.patch == "npu_qwen3_vl_moe_routing"]
+def test_statuses_match_the_installed_verl(npu):
+    statuses = {(s.patch, s.target): s for s in patch_statuses()}
+    status = statuses[routing.PATCH.name, routing.TARGET]
     if npu.patched:
         assert status.status is Status.APPLIED, status
     else:
-        assert status.status is Status.SKIPPED and status.verdict == "fixed_upstream", status
+        assert (status.status, status.verdict) == (Status.SKIPPED, Verdict.FIXED_UPSTREAM), status
         assert npu.npu_block.forward is npu.verl_forward
+    for target in sync.PATCH.targets:
+        status = statuses[sync.PATCH.name, target.module]
+        assert status.status is (Status.APPLIED if SYNCS else Status.SKIPPED), status
 
 
 def affected(npu):
@@ -85,8 +106,7 @@ def test_bug_without_plugin_wrong_numbers_when_experts_equal_top_k(npu):
     assert not torch.allclose(verl.out, run_block(hf, block_input(), training=True).out, atol=1e-3)
 
 
-@same_layout
-@pytest.mark.parametrize("num_experts", [4, 2])
+@pytest.mark.parametrize("num_experts", [4, 2], ids=["experts_gt_top_k", "experts_eq_top_k"])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_block_matches_transformers_outputs_and_gradients(npu, num_experts, training):
     hf, block = block_pair(npu.hf_block, npu.npu_block, num_experts)
@@ -94,14 +114,44 @@ def test_block_matches_transformers_outputs_and_gradients(npu, num_experts, trai
     assert check.ok, check.detail
 
 
-@same_layout
 def test_whole_model_loss_and_gradients_match_transformers(npu):
     """A tiny Qwen3-VL-MoE built after verl's npu_patch (NPU block, RMSNorm, RoPE) trains like transformers'."""
     model = tiny_qwen3_vl_moe()
     assert type(model.model.language_model.layers[0].mlp) is npu.npu_block
-    model.load_state_dict(npu.state)
+    model.load_state_dict(npu_layout(npu.state))
     loss, grads = whole_model_loss_and_grads(model)
+    grads = npu_layout(grads)
     torch.testing.assert_close(loss, npu.ref_loss, rtol=1e-5, atol=1e-5)
     assert grads.keys() == npu.ref_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, npu.ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def npu_model(npu, case: str) -> torch.nn.Module:
+    model = tiny_qwen3_vl_moe(moe_intermediate_size=INTERMEDIATES[case])
+    assert type(model.model.language_model.layers[0].mlp) is npu.npu_block
+    model.load_state_dict(npu_layout(npu.states[case]))
+    return model
+
+
+needs_sync = pytest.mark.skipif(not SYNCS, reason="this verl streams packed experts as stored (no unfuse_moe_params)")
+
+
+@needs_sync
+@pytest.mark.parametrize("case", list(INTERMEDIATES))
+def test_weight_sync_sends_exactly_transformers_experts(npu, case):
+    """verl's real ``FSDPEngine.get_per_tensor_param`` on the NPU model equals its stream of transformers' model."""
+    check = weight_sync_check("sync", engine_weight_stream(npu_model(npu, case)), npu.streams[case])
+    assert check.ok, check.detail
+
+
+@needs_sync
+@pytest.mark.parametrize("case", list(INTERMEDIATES))
+def test_weight_sync_bug_without_plugin(npu, case, monkeypatch):
+    """The control: with verl's own split the per-expert tensors are wrong, in shape or, when hidden == 2I, in value."""
+    monkeypatch.setattr(npu.engine, "unfuse_moe_params", npu.verl_unfuse)
+    actual, expected = engine_weight_stream(npu_model(npu, case)), npu.streams[case]
+    check = weight_sync_check("sync", actual, expected)
+    assert not check.ok
+    gate = next(k for k in expected if k.endswith("experts.0.gate_proj.weight"))
+    assert (actual[gate].shape == expected[gate].shape) is (case == "hidden_eq_2i"), check.detail

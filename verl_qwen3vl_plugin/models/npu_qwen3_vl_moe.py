@@ -11,6 +11,8 @@ When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_routing`` sp
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import nn
 
@@ -26,3 +28,15 @@ def sparse_moe_block_forward(self: nn.Module, hidden_states: torch.Tensor) -> to
     # Both expert paths read this dense matrix: eval multiplies it in, training gathers [token, router_indices].
     routing_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)
     return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), routing_weights, router_indices)
+
+
+def experts_to_transformers5_layout(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Weight-sync pairs with verl's NPU experts as transformers 5 lays them out, for splits written for that layout.
+
+    verl's NPU block keeps transformers 4.57's packing: ``gate_up_proj`` (E, H, 2I) and ``down_proj`` (E, I, H).
+    transformers 5 stores their per-expert transposes, (E, 2I, H) and (E, H, I). Views only: nothing is copied here.
+    """
+    for name, tensor in weights:
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) and tensor.dim() == 3:
+            tensor = tensor.transpose(1, 2)
+        yield name, tensor

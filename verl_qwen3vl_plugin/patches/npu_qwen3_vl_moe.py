@@ -97,5 +97,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl 0.7.1 is no longer run on Ascend.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_routing",
+    selftest="verl_qwen3vl_plugin.selftest.npu_moe",
 )

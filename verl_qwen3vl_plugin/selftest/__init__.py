@@ -23,9 +23,9 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.patches import PATCHES
 
     checks = []
-    for patch in PATCHES:
+    for module in dict.fromkeys(patch.selftest for patch in PATCHES):  # patches of one target share a module
         try:
-            checks += importlib.import_module(patch.selftest).run()
+            checks += importlib.import_module(module).run()
         except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
-            checks.append(Check(f"{patch.name} self-test", False, f"{type(exc).__name__}: {exc}"))
+            checks.append(Check(f"{module} self-test", False, f"{type(exc).__name__}: {exc}"))
     return checks

@@ -66,13 +66,14 @@ def tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
     return Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=TEXT, vision_config=VISION, **TOKENS)).eval()
 
 
-def tiny_qwen3_vl_moe_config() -> Qwen3VLMoeConfig:
-    return Qwen3VLMoeConfig(text_config=MOE_TEXT, vision_config=VISION, **TOKENS)
+def tiny_qwen3_vl_moe_config(**text: int) -> Qwen3VLMoeConfig:
+    """``text`` overrides MOE_TEXT (e.g. ``moe_intermediate_size=16``: hidden == 2 * intermediate)."""
+    return Qwen3VLMoeConfig(text_config={**MOE_TEXT, **text}, vision_config=VISION, **TOKENS)
 
 
-def tiny_qwen3_vl_moe(seed: int = 0) -> Qwen3VLMoeForConditionalGeneration:
+def tiny_qwen3_vl_moe(seed: int = 0, **text: int) -> Qwen3VLMoeForConditionalGeneration:
     torch.manual_seed(seed)
-    return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config()).eval()
+    return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(**text)).eval()
 
 
 def pixel_values(grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""Checks of the NPU Qwen3-VL-MoE patches (routing, weight sync): verl's real ``npu_patch`` on the CPU reference
+``torch_npu`` ops, its block against transformers' block holding the same weights, and what verl's FSDP engine
+streams to the rollout against what it streams for transformers' own model.
+
+Importing verl's ``npu_patch`` rewires transformers for the rest of its process, so ``run()`` runs the checks in a
+child process (``python -m verl_qwen3vl_plugin.selftest.npu_moe``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from verl_qwen3vl_plugin.selftest import Check
+from verl_qwen3vl_plugin.selftest.moe_blocks import BlockRun
+
+TOLERANCE = 1e-5  # absolute and relative, per tensor: outputs, input gradients, parameter gradients
+
+
+def block_check(name: str, actual: BlockRun, expected: BlockRun) -> Check:
+    """Outputs, input gradients and every parameter gradient allclose within TOLERANCE."""
+    pairs = {"output": (actual.out, expected.out), "input gradient": (actual.input_grad, expected.input_grad)}
+    if actual.param_grads.keys() != expected.param_grads.keys():
+        return Check(name, False, f"parameters differ: {sorted(actual.param_grads)} vs {sorted(expected.param_grads)}")
+    pairs.update({f"{k} gradient": (actual.param_grads[k], g) for k, g in expected.param_grads.items()})
+    bad = [k for k, (a, e) in pairs.items() if a.shape != e.shape or not torch.allclose(a, e, TOLERANCE, TOLERANCE)]
+    worst = max(float((a - e).abs().max()) if a.shape == e.shape else float("inf") for a, e in pairs.values())
+    return Check(
+        name, not bad, f"max |difference| {worst:.2e} (tolerance {TOLERANCE})" + (f"; off: {bad}" if bad else "")
+    )
+
+
+def weight_sync_check(name: str, actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> Check:
+    """The same keys, and every tensor ``torch.equal``: the rollout must receive exactly transformers' experts."""
+    if actual.keys() != expected.keys():
+        return Check(name, False, f"keys differ: {sorted(actual.keys() ^ expected.keys())[:4]}")
+    bad = [k for k, t in expected.items() if actual[k].shape != t.shape or not torch.equal(actual[k], t)]
+    shapes = [f"{k}: {tuple(actual[k].shape)} vs {tuple(expected[k].shape)}" for k in bad[:2]]
+    return Check(name, not bad, f"{len(bad)} of {len(expected)} tensors differ {shapes}" if bad else "all equal")
+
+
+def checks_here() -> list[Check]:
+    """The checks, in this process (which they leave with verl's npu_patch imported)."""
+    from verl_qwen3vl_plugin.compat import module_source
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
+    from verl_qwen3vl_plugin.registry import NPU, Verdict, decide, install_group
+    from verl_qwen3vl_plugin.selftest.moe_blocks import (
+        block_input,
+        block_pair,
+        engine_weight_stream,
+        npu_layout,
+        run_block,
+    )
+    from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
+    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl_moe
+
+    verdicts, checks = {}, []
+    for patch in (routing.PATCH, sync.PATCH):
+        verdict, reason = decide(patch, patch.targets[0], module_source(patch.targets[0].module))
+        verdicts[patch.name] = verdict
+        checks.append(
+            Check(f"{patch.name} decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")
+        )
+    if verdicts[routing.PATCH.name] not in (Verdict.APPLY, Verdict.FIXED_UPSTREAM):
+        return checks
+    with fake_torch_npu():
+        from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe
+
+        hf_cls = modeling_qwen3_vl_moe.Qwen3VLMoeTextSparseMoeBlock
+        reference = randomize(tiny_qwen3_vl_moe(), seed=0)  # transformers' own model, before verl swaps the block
+        syncs = verdicts[sync.PATCH.name] is Verdict.APPLY
+        expected_stream = engine_weight_stream(reference) if syncs else None  # verl's own code, transformers' layout
+        npu_patch = importlib.import_module(routing.TARGET)
+        getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 swaps the block here, 0.8 at import
+        npu_cls = getattr(npu_patch, routing.BLOCK)
+        verl_forward = npu_cls.forward
+        install_group(NPU)
+        hf, npu = block_pair(hf_cls, npu_cls, num_experts=4)
+        if verdicts[routing.PATCH.name] is Verdict.APPLY:
+            try:
+                bug = block_check(
+                    "", run_block(npu, block_input(), True, verl_forward), run_block(hf, block_input(), True)
+                )
+                reproduced, detail = not bug.ok, bug.detail
+            except IndexError as exc:
+                reproduced, detail = True, f"IndexError: {exc}"
+            checks.append(Check("npu routing bug reproduced without the plugin (training)", reproduced, detail))
+        for training in (True, False):
+            mode = "training" if training else "eval"
+            name = f"npu block vs transformers ({mode}): outputs and gradients"
+            checks.append(
+                block_check(name, run_block(npu, block_input(), training), run_block(hf, block_input(), training))
+            )
+        if syncs:
+            model = tiny_qwen3_vl_moe()
+            model.load_state_dict(npu_layout(reference.state_dict()))
+            checks.append(weight_sync_check("npu weight sync vs transformers' model: per-expert tensors",
+                                            engine_weight_stream(model), expected_stream))  # fmt: skip
+    return checks
+
+
+def run() -> list[Check]:
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    # The child installs the hooks itself, after keeping verl's own functions.
+    env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
+    proc = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return [Check("npu checks", False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
+    return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+if __name__ == "__main__":
+    print(json.dumps([list(c) for c in checks_here()]))
