@@ -8,6 +8,7 @@ import pytest
 from packaging.version import Version
 
 from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, VERL, child_json, last_json, run_args, run_child
+from verl_qwen3vl_plugin.patches import NAMES, PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
 HOOKS = sorted(HOOK_MODULES.values())
@@ -82,7 +83,7 @@ def test_broken_dependency_never_breaks_import_verl():
     """A hook that cannot load (here: wrapt missing) leaves verl importable, warns, and records the failure."""
     proc = run_child("broken_dependency.py")
     statuses = {(p, s) for p, _, s, reason in last_json(proc) if "wrapt" in reason}
-    assert statuses == {("qwen3_vl_pos_embed", "failed"), ("npu_qwen3_vl_moe_routing", "failed")}
+    assert statuses == {(patch.name, "failed") for patch in PATCHES}
     # verl leaves logging at WARNING: the lines reaching stderr show the failures are logged at WARNING.
     assert (
         "verl-qwen3vl-plugin: qwen3_vl_pos_embed on transformers.models.qwen3_vl.modeling_qwen3_vl failed"
@@ -107,7 +108,7 @@ def test_python_without_site_runs_no_start_up_hook():
 def test_unknown_disable_name_warns_with_valid_names():
     proc = run_args(["-c", "import verl"], {"VERL_QWEN3VL_PLUGIN_DISABLE": "pos_embed"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = "unknown patches ['pos_embed']; valid names: all, qwen3_vl_pos_embed, npu_qwen3_vl_moe_routing"
+    expected = f"unknown patches ['pos_embed']; valid names: all, {', '.join(NAMES)}"
     assert expected in proc.stderr
 
 

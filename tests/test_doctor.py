@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, VERL, run_args
+from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, TRANSFORMERS, VERL, run_args
 from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.patches import PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
@@ -18,9 +18,15 @@ EXPECTED_VERDICTS = {
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply" if POS_EMBED_USED else "not_used",
         "verl.models.transformers.monkey_patch": "not_used" if VERL.release < (0, 8) else "apply",
     },
+    "qwen3_vl_moe_sparse_experts": {
+        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply"
+        if TRANSFORMERS.major < 5
+        else "fixed_upstream",
+    },
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },
+    "npu_qwen3_vl_moe_sparse_eval": {"verl.models.transformers.npu_patch": "apply"},
     "npu_qwen3_vl_moe_weight_sync": {
         "verl.workers.engine.fsdp.utils": "apply" if VERL.release >= (0, 9) else "not_used",
         "verl.workers.engine.fsdp.transformer_impl": "apply" if VERL.release >= (0, 9) else "not_used",
@@ -74,8 +80,8 @@ def test_json_report_and_verdicts():
     assert report["activation"]["active"] is True
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
     assert report["devices"] == {"cuda": False, "npu": False}
-    assert report["patches"]["npu_qwen3_vl_moe_routing"]["concerns_this_machine"] is False
-    assert report["patches"]["npu_qwen3_vl_moe_weight_sync"]["concerns_this_machine"] is False
+    for patch in PATCHES:
+        assert report["patches"][patch.name]["concerns_this_machine"] is (patch.devices is None), patch.name
 
 
 def test_disabled_patch_is_reported():

@@ -1,8 +1,8 @@
 """Serve a synthesized source under a real target's module name and let the plugin's real hook handle its import.
 
-    synthesized_target.py MODULE SOURCE_FILE CLASS ATTRIBUTE
+    synthesized_target.py PATCH MODULE SOURCE_FILE CLASS ATTRIBUTE
 
-Prints the target's status and whether ``CLASS.ATTRIBUTE`` was replaced. The synthesized file stands in for an
+Prints PATCH's status on that target and whether ``CLASS.ATTRIBUTE`` was replaced. The synthesized file stands in for an
 upstream release the plugin has never seen.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 import verl  # noqa: F401
 
-module_name, source_file, class_name, attribute = sys.argv[1:]
+patch_name, module_name, source_file, class_name, attribute = sys.argv[1:]
 
 
 class SynthesizedFinder:
@@ -30,11 +30,10 @@ import verl_qwen3vl_plugin as plugin  # noqa: E402
 from verl_qwen3vl_plugin.patches import PATCHES  # noqa: E402
 from verl_qwen3vl_plugin.registry import install_group  # noqa: E402
 
-patch = next(p for p in PATCHES if any(t.module == module_name for t in p.targets))
-install_group(patch.group)
+install_group(next(p.group for p in PATCHES if p.name == patch_name))
 module = importlib.import_module(module_name)
 cls = getattr(module, class_name)
-(status,) = [s for s in plugin.patch_statuses() if s.target == module_name]
+(status,) = [s for s in plugin.patch_statuses() if (s.patch, s.target) == (patch_name, module_name)]
 print(
     json.dumps(
         {

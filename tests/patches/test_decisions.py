@@ -118,7 +118,8 @@ def test_synthesized_monkey_patch_sources():
 def test_real_hook_on_unrecognized_upstream_does_not_patch_and_warns(tmp_path, module, source, cls, attribute):
     path = tmp_path / "synthesized.py"
     path.write_text(source)
-    proc = run_child("synthesized_target.py", module, str(path), cls, attribute)
+    patch = next(p for p in (NPU, POS) if p.targets[0].module == module).name
+    proc = run_child("synthesized_target.py", patch, module, str(path), cls, attribute)
     result = last_json(proc)
     assert result["status"] == "unrecognized" and not result["replaced"], result
     assert f"on {module} unrecognized" in proc.stderr  # WARNING reaches stderr at verl's default level
@@ -128,9 +129,8 @@ def test_real_hook_on_affected_synthesized_upstream_patches(tmp_path):
     """The control for the test above: the same harness patches a source in the known-affected shape."""
     path = tmp_path / "synthesized.py"
     path.write_text(VISION_AFFECTED)
-    result = child_json(
-        "synthesized_target.py", VISION.module, str(path), "Qwen3VLVisionModel", "fast_pos_embed_interpolate"
-    )
+    args = (POS.name, VISION.module, str(path), "Qwen3VLVisionModel", "fast_pos_embed_interpolate")
+    result = child_json("synthesized_target.py", *args)
     assert result["status"] == "applied" and result["replaced"], result
 
 

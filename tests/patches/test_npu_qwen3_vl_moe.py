@@ -56,6 +56,8 @@ def npu():
         getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 swaps the block here, 0.8 at import
         block = npu_patch.NPUQwen3VLMoeTextSparseMoeBlock
         verl_forward = block.forward
+        experts = npu_patch.NPUQwen3VLMoeTextExperts
+        verl_experts_forward = experts.forward
         engine = importlib.import_module(sync.CALLER)  # verl's FSDP engine: the weight-sync patch's targets
         verl_unfuse = getattr(engine, sync.FUNCTION, None)
         install_group(NPU)  # npu_patch is already imported: the hooks act right away
@@ -64,6 +66,8 @@ def npu():
             npu_block=block,
             verl_forward=verl_forward,
             patched=block.forward is not verl_forward,
+            experts=experts,
+            verl_experts_forward=verl_experts_forward,
             state=reference.state_dict(),
             ref_loss=ref_loss,
             ref_grads=ref_grads,
@@ -155,3 +159,23 @@ def test_weight_sync_bug_without_plugin(npu, case, monkeypatch):
     assert not check.ok
     gate = next(k for k in expected if k.endswith("experts.0.gate_proj.weight"))
     assert (actual[gate].shape == expected[gate].shape) is (case == "hidden_eq_2i"), check.detail
+
+
+def test_experts_eval_is_grouped(npu):
+    assert npu.experts.forward is not npu.verl_experts_forward
+    assert npu.experts.forward.__wrapped__ is npu.verl_experts_forward
+
+
+@pytest.mark.parametrize("num_experts", [4, 2], ids=["experts_gt_top_k", "experts_eq_top_k"])
+def test_grouped_eval_matches_verl_dense_eval(npu, num_experts, monkeypatch):
+    _, block = block_pair(npu.hf_block, npu.npu_block, num_experts)
+    grouped = run_block(block, block_input(), training=False)
+    monkeypatch.setattr(npu.experts, "forward", npu.verl_experts_forward)
+    check = block_check("eval", grouped, run_block(block, block_input(), training=False))
+    assert check.ok, check.detail
+
+
+def test_grouped_eval_output_bit_identical_to_training(npu):
+    _, block = block_pair(npu.hf_block, npu.npu_block, num_experts=4)
+    evaluation, training = run_block(block, block_input(), False), run_block(block, block_input(), True)
+    assert torch.equal(evaluation.out, training.out)

@@ -4,7 +4,19 @@ The hooks install their group from ``PATCHES``; the doctor, the self-test, the d
 iterate over it. Patch modules import no torch: this list is built at ``import verl``.
 """
 
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, npu_qwen3_vl_moe_weight_sync, qwen3_vl_pos_embed
+from verl_qwen3vl_plugin.patches import (
+    npu_qwen3_vl_moe,
+    npu_qwen3_vl_moe_sparse_eval,
+    npu_qwen3_vl_moe_weight_sync,
+    qwen3_vl_moe_sparse_experts,
+    qwen3_vl_pos_embed,
+)
 
-PATCHES = (qwen3_vl_pos_embed.PATCH, npu_qwen3_vl_moe.PATCH, npu_qwen3_vl_moe_weight_sync.PATCH)
+PATCHES = (
+    qwen3_vl_pos_embed.PATCH,
+    qwen3_vl_moe_sparse_experts.PATCH,
+    npu_qwen3_vl_moe.PATCH,
+    npu_qwen3_vl_moe_sparse_eval.PATCH,
+    npu_qwen3_vl_moe_weight_sync.PATCH,
+)
 NAMES = tuple(patch.name for patch in PATCHES)

@@ -44,10 +44,25 @@ def weight_sync_check(name: str, actual: dict[str, torch.Tensor], expected: dict
     return Check(name, not bad, f"{len(bad)} of {len(expected)} tensors differ {shapes}" if bad else "all equal")
 
 
+def _with_experts_forward(experts_forward):
+    """A block forward that runs the block with its experts' class forward set to ``experts_forward``."""
+
+    def forward(block, x):
+        cls = type(block.experts)
+        kept, cls.forward = cls.forward, experts_forward
+        try:
+            return block(x)
+        finally:
+            cls.forward = kept
+
+    return forward
+
+
 def checks_here() -> list[Check]:
     """The checks, in this process (which they leave with verl's npu_patch imported)."""
     from verl_qwen3vl_plugin.compat import module_source
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
     from verl_qwen3vl_plugin.registry import NPU, Verdict, decide, install_group
     from verl_qwen3vl_plugin.selftest.moe_blocks import (
@@ -61,7 +76,7 @@ def checks_here() -> list[Check]:
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl_moe
 
     verdicts, checks = {}, []
-    for patch in (routing.PATCH, sync.PATCH):
+    for patch in (routing.PATCH, sparse_eval.PATCH, sync.PATCH):
         verdict, reason = decide(patch, patch.targets[0], module_source(patch.targets[0].module))
         verdicts[patch.name] = verdict
         checks.append(
@@ -79,7 +94,8 @@ def checks_here() -> list[Check]:
         npu_patch = importlib.import_module(routing.TARGET)
         getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 swaps the block here, 0.8 at import
         npu_cls = getattr(npu_patch, routing.BLOCK)
-        verl_forward = npu_cls.forward
+        experts_cls = getattr(npu_patch, sparse_eval.EXPERTS)
+        verl_forward, verl_experts_forward = npu_cls.forward, experts_cls.forward
         install_group(NPU)
         hf, npu = block_pair(hf_cls, npu_cls, num_experts=4)
         if verdicts[routing.PATCH.name] is Verdict.APPLY:
@@ -91,12 +107,16 @@ def checks_here() -> list[Check]:
             except IndexError as exc:
                 reproduced, detail = True, f"IndexError: {exc}"
             checks.append(Check("npu routing bug reproduced without the plugin (training)", reproduced, detail))
-        for training in (True, False):
+        runs = {training: run_block(npu, block_input(), training) for training in (True, False)}
+        for training, run in runs.items():
             mode = "training" if training else "eval"
-            name = f"npu block vs transformers ({mode}): outputs and gradients"
-            checks.append(
-                block_check(name, run_block(npu, block_input(), training), run_block(hf, block_input(), training))
-            )
+            checks.append(block_check(f"npu block vs transformers ({mode}): outputs and gradients", run,
+                                      run_block(hf, block_input(), training)))  # fmt: skip
+        if verdicts[sparse_eval.PATCH.name] is Verdict.APPLY:
+            dense = run_block(npu, block_input(), False, forward=_with_experts_forward(verl_experts_forward))
+            checks.append(block_check("npu grouped eval vs verl's dense eval", runs[False], dense))
+            same = torch.equal(runs[False].out, runs[True].out)
+            checks.append(Check("npu eval output == training output", same, "bit-identical" if same else "differ"))
         if syncs:
             model = tiny_qwen3_vl_moe()
             model.load_state_dict(npu_layout(reference.state_dict()))

@@ -1,0 +1,72 @@
+"""Patch ``qwen3_vl_moe_sparse_experts``: one sparse, grouped ``Qwen3VLMoeTextExperts.forward`` for training and eval
+(transformers 4.57.x).
+
+Target: transformers' Qwen3-VL-MoE modeling module. Known shapes:
+- transformers 4.57 (affected): ``forward(self, hidden_states, routing_weights, router_indices)`` with a dense eval
+  branch (``hidden_states.repeat(...)`` and ``torch.bmm`` over all experts) and a Python loop over experts;
+- transformers 5 (fixed): the class is decorated ``@use_experts_implementation`` (grouped_mm by default; its eager
+  path is a sparse loop in both modes).
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+
+TARGET = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
+EXPERTS = "Qwen3VLMoeTextExperts"
+SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
+
+
+def decide(tree: ast.Module) -> Decision:
+    cls = compat.find_class(tree, EXPERTS)
+    forward = compat.find_function(cls, "forward")
+    if cls is None or forward is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward in this transformers")
+    if any(ast.unparse(d) == "use_experts_implementation" for d in cls.decorator_list):
+        return Decision(
+            Verdict.FIXED_UPSTREAM, f"{EXPERTS} dispatches on experts_implementation (sparse in every mode)"
+        )
+    if compat.parameters(forward) == SIGNATURE and compat.calls(forward, "repeat") and compat.calls(forward, "bmm"):
+        return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token in eval, loops in training")
+    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
+
+
+# The experts classes patched in this process, each with transformers' own forward, kept before it was replaced.
+_upstream: dict[type, object] = {}
+
+
+def upstream_forward(cls: type):
+    """transformers' own ``Qwen3VLMoeTextExperts.forward``, even after the plugin replaced it."""
+    return _upstream.get(cls, cls.__dict__.get("forward"))
+
+
+def _apply(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.models.qwen3_vl_moe_experts import sparse_experts_forward
+
+    cls = getattr(module, EXPERTS)
+    _upstream.setdefault(cls, cls.__dict__["forward"])
+    cls.forward = sparse_experts_forward
+
+
+PATCH = Patch(
+    name="qwen3_vl_moe_sparse_experts",
+    group=MODEL,
+    targets=(Target(TARGET, decide, _apply),),
+    devices=None,
+    why=(
+        "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "
+        "computes old and reference log-probs (E / top_k = 16x the expert FLOPs for Qwen3-VL-30B-A3B), and loop "
+        "over experts in Python in training; the two modes also give different log-probs for the same input."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.models.qwen3_vl_moe_experts.sparse_experts_forward replaces the experts' forward: "
+        "pairs sorted by expert, one grouped GEMM per projection, the same kernels and bits in training and eval."
+    ),
+    upstream=("transformers#42697",),
+    remove_when="transformers >= 5 (sparse experts_implementation) is the oldest transformers Qwen3-VL-MoE runs on.",
+    selftest="verl_qwen3vl_plugin.selftest.moe_experts",
+)
