@@ -78,6 +78,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_moe(session: nox.Session) -> None:
+    """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
+    transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
+    session.install(TORCH, *STACKS[MAIN_STACK], ".")
+    session.run("python", "benchmarks/moe_experts.py", *session.posargs)
+    session.install(*STACKS["verl0.8.0-tf5.3.0"])
+    session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "format", "--check", ".")

@@ -8,6 +8,9 @@ original report is on 4.57.6), and this package. verl >= 0.8 is optional: its in
      and works with the plugin's, whose gradient reaches the offloaded table.
   2. Device-to-host syncs per call, counted with ``torch.cuda.set_sync_debug_mode``: exactly 1.
   3. CUDA-event timings against the upstream implementations on 64 geo3k-like images (goal: >= 20x vs verl's).
+  4. Sparse Qwen3-VL-MoE experts (transformers 4.57.x only), one Qwen3-VL-30B-A3B block, bf16: CUDA-event timings of
+     eval against the dense path and forward + backward against the loop, at 256 and 1024 tokens, and host syncs
+     per call (0 on the grouped-GEMM path). Written without a GPU at hand: not yet run.
 
     python benchmarks/gpu_check.py        # exits 1 if a check fails
 """
@@ -115,6 +118,55 @@ def check_timings(repeats: int = 10) -> bool:
     return ok
 
 
+def check_moe_experts(repeats: int = 5) -> bool:
+    from moe_experts import experts_module, routed  # benchmarks/moe_experts.py, beside this script
+    from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as m
+
+    from verl_qwen3vl_plugin.models.qwen3_vl_moe_experts import sparse_experts_forward
+
+    if not hasattr(m.Qwen3VLMoeTextExperts.forward, "__code__") or "router_indices" not in (
+        m.Qwen3VLMoeTextExperts.forward.__code__.co_varnames
+    ):
+        print("  skipped: this transformers' experts are sparse already")
+        return True
+    impls = {"transformers": m.Qwen3VLMoeTextExperts.forward, "plugin": sparse_experts_forward}
+    experts = experts_module(m.Qwen3VLMoeTextExperts, torch.bfloat16).cuda()
+    for tokens in (256, 1024):
+        hidden, routing, indices = (t.cuda() for t in routed(tokens, torch.bfloat16))
+        for backward in (False, True):
+            experts.train(backward)
+            times = {name: [] for name in impls}
+            for _ in range(repeats + 1):  # the first round warms up
+                for name, fn in impls.items():
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    experts.zero_grad(set_to_none=True)
+                    h, r = hidden.clone().requires_grad_(backward), routing.clone().requires_grad_(backward)
+                    start.record()
+                    with torch.set_grad_enabled(backward):
+                        out = fn(experts, h, r, indices)
+                        if backward:
+                            out.float().sum().backward()
+                    stop.record()
+                    torch.cuda.synchronize()
+                    times[name].append(start.elapsed_time(stop))
+            median = {name: statistics.median(ts[1:]) for name, ts in times.items()}
+            ratio = median["transformers"] / median["plugin"]
+            mode = "fwd+bwd" if backward else "eval"
+            print(f"  {tokens} tokens {mode:7}: transformers {median['transformers']:8.2f} ms, "
+                  f"plugin {median['plugin']:8.2f} ms ({ratio:.1f}x)")  # fmt: skip
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        experts.eval()
+        with torch.no_grad():
+            sparse_experts_forward(experts, hidden, routing, indices)
+        torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    print(f"  host syncs per plugin eval call: {len(syncs)}")
+    return True
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
@@ -126,7 +178,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     results = {}
     for name, check in (("fsdp2_cpu_offload", check_fsdp2_cpu_offload), ("syncs", check_syncs),
-                        ("timings", check_timings)):  # fmt: skip
+                        ("timings", check_timings), ("moe_experts", check_moe_experts)):  # fmt: skip
         print(f"{name}:")
         try:
             results[name] = check()
