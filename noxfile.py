@@ -13,20 +13,19 @@ nox.options.sessions = ["lint", "tests", "wheel"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
+# verl 0.9's trainer modules import these undeclared dependencies.
+VERL09_EXTRAS = ["cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"]
 STACKS = {
-    # The Ascend vllm-ascend 0.13 stack. verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
+    # verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
+    "verl0.7.0-tf4.57.6": ["verl==0.7.0", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
+    # The Ascend vllm-ascend 0.13 stack.
     "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
     "verl0.8.0-tf5.3.0": ["verl==0.8.0", "transformers==5.3.0", "numpy<2", "pyarrow<26"],
-    # The newest transformers verl 0.9.1 accepts; its trainer modules import these undeclared dependencies.
-    "verl0.9.1-tf5.10.4": [
-        "verl==0.9.1",
-        "transformers==5.10.4",
-        "cachetools",
-        "uvicorn",
-        "fastapi",
-        "pyzmq",
-        "msgspec",
-    ],
+    # The first verl with entry-point discovery, on the newest transformers whose vision forward still calls
+    # fast_pos_embed_interpolate: the plugin's function re-applied after verl's apply_monkey_patch there.
+    "verl0.9.0-tf5.8.1": ["verl==0.9.0", "transformers==5.8.1", *VERL09_EXTRAS],
+    # The newest transformers verl 0.9.1 accepts.
+    "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL09_EXTRAS],
 }
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where both patches act, and where the start-up hook is what activates
 

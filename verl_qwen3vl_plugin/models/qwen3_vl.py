@@ -11,7 +11,9 @@ How: one function serves ``Qwen3VLVisionModel`` and ``Qwen3VLMoeVisionModel``. I
 is fetched whole through ``self.pos_embed`` with ids on that device, so FSDP gathers it there and gradients reach the
 parameter through the module; the result is never moved. The interpolation grid values come from
 ``torch.linspace`` on the CPU, exactly as upstream computes them (the CPU kernel rounds its upper half differently
-per vector ISA, so no closed form is bit-identical everywhere), cached per device so a steady state copies nothing.
+per vector ISA, so no closed form is bit-identical everywhere), cached per device and grid size (least recently used
+sizes evicted past 2^20 values), so memory grows with the distinct sizes seen and a first call on a new size builds
+only that size.
 Corner products and sums run in upstream's order and dtype, which makes the output bit-identical to upstream's.
 
 When it applies, and when it can be removed: the ``qwen3_vl_pos_embed`` spec (``patches/qwen3_vl_pos_embed.py``).
@@ -19,6 +21,7 @@ When it applies, and when it can be removed: the ``qwen3_vl_pos_embed`` spec (``
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -28,9 +31,8 @@ __all__ = ["fast_pos_embed_interpolate", "validate_grid_thw"]
 
 
 class _GridTables(NamedTuple):
-    """Per interpolation-grid value: what the corners need, precomputed once (see ``_grid_tables``)."""
+    """Per interpolation-grid value: what the corners need, for the grid sizes of one call laid out back to back."""
 
-    size: int
     floor_x_side: torch.Tensor
     ceil_x_side: torch.Tensor
     floor: torch.Tensor
@@ -39,9 +41,12 @@ class _GridTables(NamedTuple):
     one_minus_frac: torch.Tensor
 
 
-# Per (device, num_grid_per_side): the grids linspace(0, side - 1, n) for n = 1..size, laid out back to back (grid n
-# starts at n * (n - 1) / 2).
-_GRID_CACHE: dict[tuple[torch.device, int], _GridTables] = {}
+# Per (device, num_grid_per_side, n): the six tables of the grid linspace(0, side - 1, n), least recently used first.
+# Bounded by total length (the sum of the cached n), so memory grows with the distinct sizes seen, and a long run
+# through many sizes evicts the least recently used ones instead of growing without limit.
+_GRID_CACHE: OrderedDict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = OrderedDict()
+_GRID_CACHE_MAX_VALUES = 1 << 20  # 24 MiB of int32 / fp32 tables per process at the most
+_grid_cache_values = 0
 # Rows are gathered and summed in blocks of about this many elements per corner: large enough that per-op overhead
 # does not dominate (it does below ~100 rows at hidden 1152 on the CPU), small enough that the four corners' products
 # never exist for all rows at once (the extra memory stays a few MB, not 4x the output). Measured in benchmarks/.
@@ -71,26 +76,42 @@ def validate_grid_thw(grid_thw: torch.Tensor, grid: list[list[int]], merge_size:
         )
 
 
-def _grid_tables(side: int, max_n: int, device: torch.device) -> _GridTables:
-    """Tables covering grid sizes 1..size >= max_n on ``device``, built once per size doubling and cached."""
-    key = (device, side)
+def _grid(side: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The six tables of one grid size on ``device``: computed once, then served from the LRU cache."""
+    global _grid_cache_values
+    key = (device, side, n)
     cached = _GRID_CACHE.get(key)
-    if cached is None or cached.size < max_n:
-        size = max(64, 1 << (max_n - 1).bit_length())
-        # The call upstream makes, on the CPU as upstream does: the exact values upstream interpolates with.
-        value = torch.cat([torch.linspace(0, side - 1, n) for n in range(1, size + 1)])
-        floor = value.int()
-        ceil = (floor + 1).clip(max=side - 1)
-        frac = value - floor
-        tables = (floor * side, ceil * side, floor, ceil, frac, 1 - frac)
-        cached = _GridTables(size, *(x.to(device) for x in tables))
-        _GRID_CACHE[key] = cached
+    if cached is not None:
+        _GRID_CACHE.move_to_end(key)
+        return cached
+    # The call upstream makes, on the CPU as upstream does: the exact values upstream interpolates with.
+    value = torch.linspace(0, side - 1, n)
+    floor = value.int()
+    ceil = (floor + 1).clip(max=side - 1)
+    frac = value - floor
+    cached = tuple(x.to(device) for x in (floor * side, ceil * side, floor, ceil, frac, 1 - frac))
+    _GRID_CACHE[key] = cached
+    _grid_cache_values += n
+    while _grid_cache_values > _GRID_CACHE_MAX_VALUES and len(_GRID_CACHE) > 1:
+        (_, _, evicted), _ = _GRID_CACHE.popitem(last=False)
+        _grid_cache_values -= evicted
     return cached
 
 
-def _block_positions(grid_thw: torch.Tensor, grid: list[list[int]], merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the merge blocks of each item's first frame find their grid rows and columns in the grid tables:
-    (merge, blocks) int32 each.
+def _grid_tables(side: int, sizes: list[int], device: torch.device) -> tuple[_GridTables, dict[int, int]]:
+    """The tables of the distinct grid sizes of a call, back to back, and where each size starts in them."""
+    starts, start = {}, 0
+    for n in sizes:
+        starts[n], start = start, start + n
+    grids = [_grid(side, n, device) for n in sizes]
+    return _GridTables(*(torch.cat(parts) for parts in zip(*grids, strict=True))), starts
+
+
+def _block_positions(
+    grid_thw: torch.Tensor, grid: list[list[int]], merge: int, starts: dict[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the merge blocks of each item's first frame find their grid rows and columns in the grid tables
+    (``starts``: where each grid size begins in them): (merge, blocks) int32 each.
 
     A block's m x m patches share one block row and one block column, so the per-patch work reduces to crossing
     m rows with m columns (``_corners``). Blocks are innermost, so every op runs over long rows.
@@ -107,10 +128,13 @@ def _block_positions(grid_thw: torch.Tensor, grid: list[list[int]], merge: int) 
     per_row = blocks_per_row[item]
     block_row = block // per_row
     block_col = block - block_row * per_row
+    # One small copy per call, from pinned memory on CUDA so it does not block: where each item's sizes start.
+    item_starts = [[starts[h] for _, h, _ in grid], [starts[w] for _, _, w in grid]]
+    pinned = device.type == "cuda"
+    row_start, col_start = torch.tensor(item_starts, dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
     offsets = torch.arange(merge, device=device, dtype=torch.int32)[:, None]
-    # Grid n starts at n * (n - 1) / 2 in the tables.
-    rows = offsets + (block_row * merge + (h * (h - 1) // 2)[item])
-    cols = offsets + (block_col * merge + (w * (w - 1) // 2)[item])
+    rows = offsets + (block_row * merge + row_start[item])
+    cols = offsets + (block_col * merge + col_start[item])
     return rows, cols
 
 
@@ -240,8 +264,8 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
     if not grid:
         return table[:0].clone()
 
-    tables = _grid_tables(side, max(max(h, w) for _, h, w in grid), device)
-    rows, cols = _block_positions(grid_thw, grid, merge)
+    tables, starts = _grid_tables(side, sorted({n for _, h, w in grid for n in (h, w)}), device)
+    rows, cols = _block_positions(grid_thw, grid, merge, starts)
     # Videos: every frame of an item has the same embedding, computed once and copied (as upstream repeats it).
     frame_rows = None if all(t == 1 for t, _, _ in grid) else _frame_rows(grid_thw, grid)
     return _BilinearGather.apply(table, rows, cols, tables, frame_rows)
