@@ -23,7 +23,10 @@ def verl_config_dir() -> Path:
     spec = importlib.util.find_spec("verl")
     if spec is None:
         sys.exit("compose.py: verl is not installed in this Python environment")
-    return Path(spec.submodule_search_locations[0], "experimental", "fully_async_policy", "config")
+    config = Path(spec.submodule_search_locations[0], "experimental", "fully_async_policy", "config")
+    if not config.is_dir():
+        sys.exit(f"compose.py: this verl has no fully async policy config ({config}); the recipe needs verl >= 0.7.1")
+    return config
 
 
 def hydra_args() -> list[str]:

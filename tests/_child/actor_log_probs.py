@@ -70,7 +70,7 @@ meta = {"micro_batch_size": 2, "temperature": 1.0, "use_dynamic_bsz": False, "pa
 data = DataProto(batch=batch, non_tensor_batch={"multi_modal_inputs": mm}, meta_info=meta)
 actor = dp_actor.DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0))
 out = actor.compute_log_prob(data, calculate_entropy=False)
-old = out["log_probs"] if isinstance(out, dict) else out[0]
+old = out["log_probs"] if isinstance(out, dict) else out[0]  # 0.7.0: the tuple (log_probs, entropys)
 captured = []
 forward = actor._forward_micro_batch
 
@@ -78,7 +78,9 @@ forward = actor._forward_micro_batch
 def recording(micro_batch, temperature, calculate_entropy=False):
     result = forward(micro_batch, temperature=temperature, calculate_entropy=calculate_entropy)
     if actor.actor_module.training:
-        captured.append(result["log_probs"].detach().clone())
+        # verl 0.7.1 returns a dict, 0.7.0 the tuple (entropy, log_probs)
+        log_probs = result["log_probs"] if isinstance(result, dict) else result[1]
+        captured.append(log_probs.detach().clone())
     return result
 
 
