@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from pos_embed import _status_kb  # benchmarks/pos_embed.py, beside this script: the same memory probe
 
 E, TOP_K, HIDDEN, INTER, LAYERS = 128, 8, 2048, 768, 48
 _KEEP = contextlib.ExitStack()
@@ -120,14 +121,6 @@ def time_case(case: str, tokens: int, dtype: torch.dtype, repeats: int) -> dict[
             call(fn, experts, inputs, backward)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def memory_child(case: str, impl: str, tokens: int, dtype: str) -> float:

@@ -46,21 +46,14 @@ def setup(case: str, dtype: torch.dtype = torch.float32):
     return experts.to(dtype), tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train_vs_loop", "eval_vs_dense"])
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_training_matches_transformers_loop_fp32(path, case):
+def test_matches_transformers_fp32(path, case, training):
+    """Training against transformers' loop, eval against its dense all-experts path."""
     experts, inputs = setup(case)
-    check = close_check("train", experts_run(experts, PATHS[path], inputs, True),
-                        experts_run(experts, UPSTREAM, inputs, True), FP32_TOLERANCE)  # fmt: skip
-    assert check.ok, check.detail
-
-
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("case", list(CASES))
-def test_eval_matches_transformers_dense_fp32(path, case):
-    experts, inputs = setup(case)
-    check = close_check("eval", experts_run(experts, PATHS[path], inputs, False),
-                        experts_run(experts, UPSTREAM, inputs, False), FP32_TOLERANCE)  # fmt: skip
+    check = close_check("fp32", experts_run(experts, PATHS[path], inputs, training),
+                        experts_run(experts, UPSTREAM, inputs, training), FP32_TOLERANCE)  # fmt: skip
     assert check.ok, check.detail
 
 
