@@ -61,6 +61,7 @@ def _with_experts_forward(experts_forward):
 def checks_here() -> list[Check]:
     """The checks, in this process (which they leave with verl's npu_patch imported)."""
     from verl_qwen3vl_plugin.compat import module_source
+    from verl_qwen3vl_plugin.patches import PATCHES
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
@@ -76,7 +77,7 @@ def checks_here() -> list[Check]:
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl_moe
 
     verdicts, checks = {}, []
-    for patch in (routing.PATCH, sparse_eval.PATCH, sync.PATCH):
+    for patch in (p for p in PATCHES if p.selftest == __spec__.name):  # the patches whose checks live here
         verdict, reason = decide(patch, patch.targets[0], module_source(patch.targets[0].module))
         verdicts[patch.name] = verdict
         checks.append(
