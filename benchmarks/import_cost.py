@@ -1,7 +1,7 @@
 """What the plugin adds to ``import verl``: the time to load its two entry points after verl is imported.
 
 ``python -X importtime`` misses modules that verl loads through ``importlib`` (entry points), so this times the same
-loads directly, in fresh processes: ``import verl`` with discovery off (``VERL_USE_EXTERNAL_PLUGINS=none``), then
+loads directly, in fresh processes: ``import verl`` with discovery and the start-up hook off, then
 ``EntryPoint.load()`` for the plugin's entry points, as verl >= 0.9 does at ``import verl``.
 
     python benchmarks/import_cost.py [--runs 15]
@@ -35,7 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
-    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
+    # The start-up hook off too: on a verl without discovery it would load the plugin inside ``import verl``.
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
     env.pop("VERL_USE_EXTERNAL_MODULES", None)
     runs = []
     for _ in range(args.runs):

@@ -33,6 +33,8 @@ from pos_embed import _status_kb  # benchmarks/pos_embed.py, beside this script:
 
 E, TOP_K, HIDDEN, INTER, LAYERS = 128, 8, 2048, 768, 48
 _KEEP = contextlib.ExitStack()
+# Upstream must stay upstream: the plugin's start-up hook would patch these classes at ``import verl``.
+os.environ["VERL_QWEN3VL_PLUGIN_AUTOLOAD"] = "0"
 
 
 def config(dtype: torch.dtype):
