@@ -10,11 +10,13 @@ from verl_qwen3vl_plugin.patches import (
     npu_qwen3_vl_moe_weight_sync,
     qwen3_vl_moe_sparse_experts,
     qwen3_vl_pos_embed,
+    qwen3_vl_vision_dp,
 )
 
 PATCHES = (
     qwen3_vl_pos_embed.PATCH,
     qwen3_vl_moe_sparse_experts.PATCH,
+    qwen3_vl_vision_dp.PATCH,
     npu_qwen3_vl_moe.PATCH,
     npu_qwen3_vl_moe_sparse_eval.PATCH,
     npu_qwen3_vl_moe_weight_sync.PATCH,

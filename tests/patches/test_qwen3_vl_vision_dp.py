@@ -1,0 +1,76 @@
+"""``qwen3_vl_vision_dp``: its decision from the installed and edited sources, the assignment of images to ranks,
+and the tower split over two real gloo ranks (``selftest.vision_dp``) on this stack's transformers."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from verl_qwen3vl_plugin.compat import module_source
+from verl_qwen3vl_plugin.models.vision_dp import assign
+from verl_qwen3vl_plugin.patches import qwen3_vl_vision_dp as spec
+from verl_qwen3vl_plugin.registry import Verdict, decide
+from verl_qwen3vl_plugin.selftest import vision_dp
+
+VERL_SOURCE = module_source(spec.VERL_MONKEY_PATCH)
+
+
+@pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
+def test_installed_sources_apply(target):
+    verdict, reason = decide(spec.PATCH, target, module_source(target.module))
+    assert verdict is Verdict.APPLY, reason
+    assert spec.VERL_SLICER in reason
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("grid_thw: torch.Tensor, **kwargs", "grid_thw: torch.Tensor, cu_seqlens, **kwargs"),
+        ("return hidden_states, deepstack_feature_lists", "return hidden_states"),
+        ("return BaseModelOutputWithDeepstackFeatures(", "return BaseModelOutputWithPooling("),
+    ],
+    ids=["signature", "4.57 return", "5.x return"],
+)
+def test_edited_vision_forward_is_unrecognized(edit):
+    target = spec.PATCH.targets[0]
+    source = module_source(target.module)
+    if edit[0] not in source:
+        pytest.skip(f"this transformers has no {edit[0]!r}")
+    verdict, reason = decide(spec.PATCH, target, source.replace(*edit))
+    assert verdict is Verdict.UNRECOGNIZED, reason
+
+
+def test_verl_slicing_before_the_tower_is_unrecognized():
+    """The premise: without verl's slicing at the language model, ranks may hold different images."""
+    assert spec.decide_verl(ast.parse(VERL_SOURCE)).verdict is Verdict.APPLY
+    edited = VERL_SOURCE.replace(f"{spec.VERL_SLICER}(Qwen3VL", "print(Qwen3VL")
+    assert edited != VERL_SOURCE
+    verdict, reason = spec.decide_verl(ast.parse(edited))
+    assert verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in reason
+    assert spec.decide_verl(None).verdict is Verdict.UNRECOGNIZED
+
+
+@pytest.mark.parametrize(
+    "patches, ranks, runs",
+    [
+        ([24, 64, 4], 2, [(0, 1), (1, 3)]),
+        ([24], 2, [(0, 0), (0, 1)]),  # fewer images than ranks: rank 0 runs the dummy
+        ([4, 256, 8, 8], 2, [(0, 2), (2, 4)]),  # the large one with the small one before it
+        ([16] * 8, 4, [(0, 2), (2, 4), (4, 6), (6, 8)]),
+        ([16] * 3, 8, [(0, 0), (0, 1), (1, 1), (1, 1), (1, 2), (2, 2), (2, 3), (3, 3)]),
+        ([], 2, [(0, 0), (0, 0)]),
+    ],
+)
+def test_assign_contiguous_runs_balanced_by_patches(patches, ranks, runs):
+    assert assign(patches, ranks) == runs
+
+
+def test_assign_rejects_no_ranks():
+    with pytest.raises(ValueError, match="ranks must be >= 1"):
+        assign([4], 0)
+
+
+def test_split_tower_on_two_ranks_matches_upstream():
+    checks = vision_dp.run()
+    assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]

@@ -1,0 +1,127 @@
+"""Vision data parallelism over verl's Ulysses group: each rank runs the vision tower on a share of the images.
+
+Why: under Ulysses sequence parallelism verl slices a VLM's inputs at the language model's entry, after the vision
+tower, so every rank of the group holds every image of the micro-batch and runs the tower on all of them: the
+tower's forward, backward and activation memory are repeated SP times.
+How: the images (and videos) of one tower call are split into contiguous runs balanced by patch count, one run per
+rank. Each rank runs the tower once on its run, or on a one-token dummy image when it has none, so every rank makes
+the same calls (under FSDP each is a collective). The merged embeddings and the deepstack features travel in one
+all-gather, back into the original order; its backward sums the gradient over the group and gives each rank the
+rows it computed. The tower's parameter gradients, once FSDP averages them over the group, equal verl's.
+When it applies, and when it can be removed: the ``qwen3_vl_vision_dp`` spec (``patches/qwen3_vl_vision_dp.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def assign(patches: list[int], ranks: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` runs of items, one per rank, balanced by patch count.
+
+    An item goes to the rank whose equal share of the total holds the item's middle patch, so the runs follow the
+    input order (the gather needs no permutation) and no rank gets more than its share plus one item. Ranks may get
+    an empty run (fewer items than ranks, or one large item).
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    total = sum(patches)
+    owners, before = [], 0
+    for count in patches:
+        owners.append(min((2 * before + count) * ranks // (2 * total), ranks - 1) if total else 0)
+        before += count
+    runs, start = [], 0
+    for rank in range(ranks):
+        end = start
+        while end < len(owners) and owners[end] == rank:
+            end += 1
+        runs.append((start, end))
+        start = end
+    return runs
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather row blocks of different lengths in rank order; backward: sum over the group, keep own rows."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, rows: list[int], rank: int, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rows, ctx.rank, ctx.group = rows, rank, group
+        padded = local.new_zeros(max(rows), local.shape[1])
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in rows]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        start = sum(ctx.rows[: ctx.rank])
+        return grad[start : start + ctx.rows[ctx.rank]], None, None, None
+
+
+def gather_rows(local: torch.Tensor, rows: list[int], rank: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's ``local`` block (``rows[r]`` rows on rank r) concatenated in rank order, on every rank."""
+    return _GatherRows.apply(local, rows, rank, group)
+
+
+def ulysses_group() -> tuple[dist.ProcessGroup | None, int, int]:
+    """verl's Ulysses group with its size and this rank's place in it; (None, 1, 0) when there is none."""
+    from verl.utils.ulysses import get_ulysses_sequence_parallel_group
+
+    group = get_ulysses_sequence_parallel_group()
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) < 2:
+        return None, 1, 0
+    return group, dist.get_world_size(group), dist.get_rank(group)
+
+
+def _split_output(output) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(merged embeddings, deepstack features) from what this transformers' vision forward returns."""
+    if isinstance(output, tuple):
+        return output[0], list(output[1] or [])
+    return output.pooler_output, list(output.deepstack_features or [])
+
+
+def _rebuild_output(output, embeds: torch.Tensor, deepstack: list[torch.Tensor]):
+    """The vision forward's return type around the gathered tensors.
+
+    transformers 5's output also holds ``last_hidden_state``, the unmerged patches of this rank's share only:
+    it is left out (None) rather than returned partial; verl and transformers read the other two fields.
+    """
+    if isinstance(output, tuple):
+        return (embeds, deepstack, *output[2:])
+    return type(output)(pooler_output=embeds, deepstack_features=deepstack)
+
+
+def vision_dp_forward(upstream: Callable) -> Callable:
+    """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank."""
+
+    def forward(self: nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
+        group, size, rank = ulysses_group()
+        # kwargs may carry per-image precomputed tables (transformers 5) that a share cannot be cut from.
+        if group is None or kwargs:
+            return upstream(self, hidden_states, grid_thw, **kwargs)
+        patches = grid_thw.prod(-1).tolist()
+        runs = assign(patches, size)
+        merge = self.spatial_merge_size**2
+        start, end = runs[rank]
+        first = sum(patches[:start])
+        if end > start:
+            local = upstream(self, hidden_states[first : first + sum(patches[start:end])], grid_thw[start:end])
+            keep = None
+        else:  # a one-token image, so this rank makes the tower call every other rank makes
+            dummy_grid = grid_thw.new_tensor([[1, self.spatial_merge_size, self.spatial_merge_size]])
+            local = upstream(self, hidden_states.new_zeros(merge, hidden_states.shape[1]), dummy_grid)
+            keep = 0
+        embeds, deepstack = _split_output(local)
+        block = torch.cat([embeds, *deepstack], dim=-1)[:keep]
+        rows = [sum(patches[s:e]) // merge for s, e in runs]
+        gathered = gather_rows(block, rows, rank, group).split(embeds.shape[-1], dim=-1)
+        return _rebuild_output(local, gathered[0], list(gathered[1:]))
+
+    forward.__wrapped__ = upstream
+    return forward

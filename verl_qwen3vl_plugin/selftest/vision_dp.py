@@ -1,0 +1,135 @@
+"""Checks of the ``qwen3_vl_vision_dp`` patch: a tiny vision tower on two CPU ranks (gloo) in one verl Ulysses
+group, the plugin's split forward against upstream's whole forward on every image.
+
+Each rank must see only its share of the patches, the gathered embeddings and deepstack features must match
+upstream's, and the parameter gradients averaged over the two ranks (as FSDP reduces them) must match upstream's.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+
+from verl_qwen3vl_plugin.selftest import Check
+
+# Rows of one image pass the tower in a different batch than upstream's: fp32 rounding of the matmuls differs.
+RTOL, ATOL = 1e-5, 1e-6
+CASES = {
+    "three images": [[1, 4, 6], [1, 8, 8], [1, 2, 2]],
+    "one image, two ranks": [[1, 6, 4]],
+    "one large among small": [[1, 2, 2], [1, 16, 16], [1, 2, 4], [1, 4, 2]],
+    "a video": [[3, 4, 4], [1, 2, 2]],
+}
+
+
+def _towers():
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from verl_qwen3vl_plugin.selftest.tiny_models import VISION, randomize
+
+    def tower():
+        return randomize(Qwen3VLVisionModel(Qwen3VLVisionConfig(**VISION)), seed=0)
+
+    return Qwen3VLVisionModel, tower
+
+
+def _embeds(output) -> list[torch.Tensor]:
+    if isinstance(output, tuple):
+        return [output[0], *output[1]]
+    return [output.pooler_output, *output.deepstack_features]
+
+
+def compare(grid: list[list[int]]) -> dict:
+    """On a rank of an initialised 2-rank group: the split forward against upstream's, and patch counts."""
+    import torch.distributed as dist
+    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
+
+    from verl_qwen3vl_plugin.models.vision_dp import vision_dp_forward
+    from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
+
+    cls, tower = _towers()
+    upstream = getattr(cls.forward, "__wrapped__", cls.forward)
+    grid_thw, pixels = torch.tensor(grid), pixel_values(torch.tensor(grid))
+    weights = None
+    results = {}
+    for name, forward in (("upstream", upstream), ("plugin", vision_dp_forward(upstream))):
+        model, seen = tower(), []
+        model.patch_embed.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[0]))
+        set_ulysses_sequence_parallel_group(dist.group.WORLD if name == "plugin" else None)
+        try:
+            outs = _embeds(forward(model, pixels, grid_thw))
+        finally:
+            set_ulysses_sequence_parallel_group(None)
+        if weights is None:
+            generator = torch.Generator().manual_seed(1)
+            weights = [torch.randn(o.shape, generator=generator) for o in outs]
+        sum((o * w).sum() for o, w in zip(outs, weights, strict=True)).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        if name == "plugin":
+            for g in grads:
+                dist.all_reduce(g)
+                g /= dist.get_world_size()
+        results[name] = (outs, grads, seen)
+    (up_outs, up_grads, _), (outs, grads, seen) = results["upstream"], results["plugin"]
+    close = lambda a, b: a.shape == b.shape and torch.allclose(a, b, rtol=RTOL, atol=ATOL)  # noqa: E731
+    return {
+        "patches_seen": seen,
+        "outputs_close": all(close(a, b) for a, b in zip(outs, up_outs, strict=True)),
+        "grads_close": all(close(a, b) for a, b in zip(grads, up_grads, strict=True)),
+    }
+
+
+def _worker(rank: int, port: int, queue) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        queue.put((rank, {name: compare(grid) for name, grid in CASES.items()}))
+    except Exception as exc:
+        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def on_two_ranks() -> dict[int, dict | str]:
+    """Run ``compare`` on every case on two fresh CPU processes; {rank: results, or the error it raised}."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(rank, port, queue)) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        return dict(queue.get(timeout=300) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+
+
+def run() -> list[Check]:
+    from verl_qwen3vl_plugin.models.vision_dp import assign
+    from verl_qwen3vl_plugin.selftest.tiny_models import VISION
+
+    results = on_two_ranks()
+    errors = [r for r in results.values() if isinstance(r, str)]
+    if errors:
+        return [Check("vision DP on 2 ranks", False, errors[0])]
+    checks = []
+    for name, grid in CASES.items():
+        patches = [t * h * w for t, h, w in grid]
+        shares = [sum(patches[s:e]) for s, e in assign(patches, 2)]
+        dummy = VISION["spatial_merge_size"] ** 2  # what a rank without an image runs
+        per_rank = [results[rank][name] for rank in (0, 1)]
+        seen = [r["patches_seen"] for r in per_rank]
+        ok = seen == [[share or dummy] for share in shares] and sum(shares) == sum(patches)
+        ok = ok and all(r["outputs_close"] and r["grads_close"] for r in per_rank)
+        detail = f"patches per rank {shares} of {sum(patches)}"
+        checks.append(Check(f"vision DP on 2 ranks: {name}", ok, detail if ok else f"{detail}; {per_rank}"))
+    return checks
