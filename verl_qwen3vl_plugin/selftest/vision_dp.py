@@ -56,7 +56,7 @@ def compare(grid: list[list[int]]) -> dict:
     results = {}
     for name, forward in (("upstream", upstream), ("plugin", vision_dp_forward(upstream))):
         model, seen = tower(), []
-        model.patch_embed.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[0]))
+        model.patch_embed.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(args[0].shape[0]))
         set_ulysses_sequence_parallel_group(dist.group.WORLD if name == "plugin" else None)
         try:
             outs = _embeds(forward(model, pixels, grid_thw))
