@@ -61,9 +61,11 @@ def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module
 
 
-def tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
+def tiny_qwen3_vl(seed: int = 0, **vision) -> Qwen3VLForConditionalGeneration:
+    """``vision`` overrides VISION (e.g. a deeper, wider tower for a benchmark)."""
     torch.manual_seed(seed)
-    return Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=TEXT, vision_config=VISION, **TOKENS)).eval()
+    config = Qwen3VLConfig(text_config=TEXT, vision_config={**VISION, **vision}, **TOKENS)
+    return Qwen3VLForConditionalGeneration(config).eval()
 
 
 def tiny_qwen3_vl_moe_config(**text: int) -> Qwen3VLMoeConfig:

@@ -1,0 +1,117 @@
+"""Benchmark: the vision tower under Ulysses SP, every image on every rank (verl) against the plugin's vision DP.
+
+1. Per-rank vision FLOPs of Qwen3-VL-30B-A3B's tower (27 blocks, hidden 1152, MLP 4304, 3 deepstack mergers),
+   from the shapes, for a micro-batch of geo3k-sized images at SP 2 and SP 8: the busiest rank's share.
+2. CPU time of one actor forward + backward at SP = 2 on two gloo ranks (verl's real path, the stand-ins of
+   ``verl_qwen3vl_plugin.selftest.ulysses``), a small model with a 4-block tower, with and without the patch on the
+   same ranks, alternating, medians of the slower rank's time (the step waits for it).
+
+    python benchmarks/vision_dp.py [--images 16] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# geo3k diagrams are a few hundred pixels a side: with 16-pixel patches and 2 x 2 merging, grids like these
+GEO3K_GRIDS = [(1, 20, 14), (1, 16, 16), (1, 24, 18), (1, 14, 10)]
+DEPTH, HIDDEN, MLP, HEADS, MERGE, OUT, DEEPSTACK = 27, 1152, 4304, 16, 2, 2048, 3
+BENCH_TOWER = dict(depth=4, hidden_size=128, intermediate_size=512, num_heads=4, deepstack_visual_indexes=[1])
+
+
+def tower_gflop(patches: int) -> float:
+    """Forward GFLOP of the 30B-A3B tower on one image of ``patches`` patches (2 FLOPs per multiply-add)."""
+    blocks = DEPTH * (2 * patches * (4 * HIDDEN**2 + 2 * HIDDEN * MLP) + 4 * patches**2 * HIDDEN)
+    wide = HIDDEN * MERGE**2
+    mergers = (1 + DEEPSTACK) * 2 * (patches // MERGE**2) * (wide * wide + wide * OUT)
+    return (blocks + mergers) / 1e9
+
+
+def flops_table(images: int) -> None:
+    from verl_qwen3vl_plugin.models.vision_dp import assign
+
+    grids = [GEO3K_GRIDS[i % len(GEO3K_GRIDS)] for i in range(images)]
+    patches = [t * h * w for t, h, w in grids]
+    per_image = [3 * tower_gflop(p) for p in patches]  # forward + backward
+    print(f"Qwen3-VL-30B-A3B vision tower, {images} geo3k-sized images ({sum(patches)} patches), forward + backward:")
+    for sp in (2, 8):
+        busiest = max(sum(per_image[s:e]) for s, e in assign(patches, sp))
+        shares = [sum(patches[s:e]) for s, e in assign(patches, sp)]
+        print(f"  SP {sp}: per-rank vision {sum(per_image):8.0f} GFLOP (verl) -> {busiest:7.0f} GFLOP busiest rank "
+              f"(plugin), {sum(per_image) / busiest:.1f}x less; patches per rank {shares}")  # fmt: skip
+
+
+def _rank(rank: int, port: int, images: int, repeats: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    import verl  # noqa: F401  (the plugin activates here)
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, log_prob_forward, micro_batch
+
+    install_cpu_stand_ins()
+    model = build_model("dense", **BENCH_TOWER)
+    apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)
+    cls = type(model.model.visual)
+    plugin = cls.forward
+    forwards = {"verl": plugin.__wrapped__, "plugin": plugin}
+    grids = [GEO3K_GRIDS[i % len(GEO3K_GRIDS)] for i in range(images)]
+    batch = micro_batch([[grid] for grid in grids])
+    times = {name: [] for name in forwards}
+    for step in range(repeats + 1):  # the first round warms up
+        for name, forward in forwards.items():
+            cls.forward = forward
+            model.zero_grad(set_to_none=True)
+            dist.barrier()
+            start = time.perf_counter()
+            log_probs, entropy = log_prob_forward(model, batch, sp=2)
+            (log_probs.sum() + entropy.sum()).backward()
+            elapsed = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if step:
+                times[name].append(float(elapsed))
+    cls.forward = plugin
+    if rank == 0:
+        queue.put({name: statistics.median(ts) for name, ts in times.items()})
+    dist.destroy_process_group()
+
+
+def cpu_times(images: int, repeats: int) -> dict[str, float]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, images, repeats, queue)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    result = queue.get(timeout=3600)
+    for proc in procs:
+        proc.join(timeout=60)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    flops_table(args.images)
+    times = cpu_times(args.images, args.repeats)
+    print(f"\nCPU, 2 gloo ranks x 1 thread, SP = 2, actor forward + backward, {args.images} images, tower "
+          f"{json.dumps(BENCH_TOWER)}; medians of {args.repeats}, alternating:")  # fmt: skip
+    print(f"  verl {times['verl']:.3f} s, plugin {times['plugin']:.3f} s: {times['verl'] / times['plugin']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

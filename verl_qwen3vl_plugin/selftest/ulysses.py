@@ -1,0 +1,215 @@
+"""verl's Ulysses path for Qwen3-VL on CPU ranks: the stand-ins it needs there, tiny micro-batches with images, and
+one log-prob forward through verl's own code at a given SP size. Used by the vision DP tests and benchmark.
+
+The stand-ins replace only what cannot run on a CPU, and only in the process that calls ``install_cpu_stand_ins``:
+an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
+installed where verl's Ulysses attention wrapper calls it, so verl's all-to-all and slicing run unmodified; verl's
+pure-torch padding helpers (``verl.utils.npu_flash_attn_utils``, with ``einops``) where verl's ``attention_utils``
+would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks CUDA).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+RESPONSE = 5
+
+
+def varlen_attention(q, k, v, attention_mask, query_length, *args, position_ids=None, is_causal=True, **kwargs):
+    """Exact attention over the packed sequences flash_attn's varlen kernel would see, (1, seq, heads, dim)."""
+    if kwargs.get("cu_seq_lens_q") is not None:
+        bounds = kwargs["cu_seq_lens_q"].tolist()
+    elif position_ids is not None:
+        starts = (position_ids.flatten() == 0).nonzero().flatten().tolist()
+        bounds = starts + [q.shape[1]]
+    else:
+        bounds = [0, q.shape[1]]
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    scale = kwargs.get("softmax_scale")
+    out = [
+        F.scaled_dot_product_attention(
+            q[:, s:e].transpose(1, 2), k[:, s:e].transpose(1, 2), v[:, s:e].transpose(1, 2),
+            is_causal=is_causal, scale=scale,
+        ).transpose(1, 2)
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True) if e > s
+    ]  # fmt: skip
+    return torch.cat(out, dim=1)
+
+
+def install_cpu_stand_ins() -> None:
+    from verl.models.transformers import monkey_patch
+    from verl.utils import attention_utils, npu_flash_attn_utils
+
+    try:
+        from verl.workers.actor import dp_actor
+    except ImportError:  # verl >= 0.8
+        pass
+    else:
+        dp_actor.get_device_id = lambda: "cpu"
+    monkey_patch._flash_attention_forward = varlen_attention
+    padding = tuple(
+        getattr(npu_flash_attn_utils, name) for name in ("index_first_axis", "pad_input", "rearrange", "unpad_input")
+    )
+    attention_utils._get_attention_functions = lambda: padding
+
+
+def build_model(kind: str, **vision) -> torch.nn.Module:
+    """A seeded tiny Qwen3-VL (``dense``) or Qwen3-VL-MoE (``moe``) set up for verl's flash-attention path."""
+    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl, tiny_qwen3_vl_moe
+
+    model = randomize(tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(), seed=0)
+    for config in (model.config, model.config.text_config, model.config.vision_config):
+        config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention
+    return model
+
+
+def micro_batch(samples: list[list[tuple]]) -> dict:
+    """A verl micro-batch: per sample its images as (t, h, w) grids (videos as ("v", t, h, w)), then text."""
+    from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, VIDEO_TOKEN, VISION, VISION_START, pixel_values
+
+    merge = VISION["spatial_merge_size"] ** 2
+    generator = torch.Generator().manual_seed(3)
+    rows, mm = [], []
+    for i, items in enumerate(samples):
+        ids, images, videos = [], [], []
+        for item in items:
+            if item[0] == "v":  # a video: one vision segment per temporal patch, as Qwen3-VL's processor writes
+                grid = torch.tensor([item[1:]])
+                for _ in range(item[1]):
+                    ids += [VISION_START] + [VIDEO_TOKEN] * (item[2] * item[3] // merge)
+                videos.append(grid)
+            else:
+                grid = torch.tensor([item])
+                ids += [VISION_START] + [IMAGE_TOKEN] * (int(grid.prod()) // merge)
+                images.append(grid)
+        ids += torch.randint(1, 90, (4 + i,), generator=generator).tolist()
+        rows.append(ids)
+        inputs = {}
+        if images:
+            grid = torch.cat(images)
+            inputs.update(pixel_values=pixel_values(grid, seed=i), image_grid_thw=grid)
+        if videos:
+            grid = torch.cat(videos)
+            inputs.update(pixel_values_videos=pixel_values(grid, seed=10 + i), video_grid_thw=grid)
+        mm.append(inputs or None)
+    prompt = max(map(len, rows))
+    bsz = len(rows)
+    responses = torch.randint(1, 90, (bsz, RESPONSE), generator=generator)
+    input_ids = torch.zeros(bsz, prompt + RESPONSE, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, ids in enumerate(rows):  # prompts left-padded, as verl's rollout returns them
+        input_ids[i, prompt - len(ids) : prompt] = torch.tensor(ids)
+        attention_mask[i, prompt - len(ids) :] = 1
+    input_ids[:, prompt:] = responses
+    # verl's own mrope positions, per sample, as its dataset computes them for Qwen3-VL
+    from verl.models.transformers.qwen3_vl import get_rope_index
+
+    processor = SimpleNamespace(
+        image_processor=SimpleNamespace(merge_size=VISION["spatial_merge_size"]),
+        image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
+    )  # fmt: skip
+    vision = torch.stack([
+        get_rope_index(
+            processor, input_ids[i], (inputs or {}).get("image_grid_thw"), (inputs or {}).get("video_grid_thw"),
+            attention_mask[i],
+        )
+        for i, inputs in enumerate(mm)
+    ])  # fmt: skip
+    text = (attention_mask.cumsum(-1) - 1).clamp(min=0).unsqueeze(1)
+    position_ids = torch.cat([text, vision], dim=1)  # (bsz, 4, seq), as verl's dataset
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": responses,
+        "multi_modal_inputs": np.array(mm, dtype=object),
+    }
+
+
+def boundary_inside_image(batch: dict, size: int) -> bool:
+    """Whether one of verl's SP slice boundaries of the packed sequence falls inside an image's tokens."""
+    from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, VIDEO_TOKEN
+
+    packed = batch["input_ids"][batch["attention_mask"].bool()]
+    local = -(-packed.numel() // size)
+    vision = (packed == IMAGE_TOKEN) | (packed == VIDEO_TOKEN)
+    return any(bool(vision[b - 1] and vision[b]) for b in range(local, packed.numel(), local))
+
+
+def actor_for(model: torch.nn.Module, sp: int):
+    from omegaconf import OmegaConf
+    from verl.workers.actor import dp_actor  # verl 0.7.x
+    from verl.workers.config.actor import FSDPActorConfig
+
+    config = FSDPActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=2,
+        use_dynamic_bsz=False,
+        rollout_n=1,
+        use_remove_padding=True,
+        fsdp_config=OmegaConf.create({"dtype": "float32"}),  # the actor sets its SP size on it
+        use_torch_compile=False,
+        ulysses_sequence_parallel_size=sp,
+        entropy_coeff=0.0,
+    )
+    return dp_actor.DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.0))
+
+
+def engine_forward(model: torch.nn.Module, batch: dict, sp: int) -> list[torch.Tensor]:
+    """What verl 0.8/0.9's ``FSDPEngineWithLMHead`` does around the model with remove-padding, from verl's own helpers.
+
+    ``prepare_model_inputs``: pack, roll, ``ulysses_pad`` (a VLM is sliced at the language model, not here) and
+    slice the rolled labels; ``prepare_model_outputs``: log-probs and entropy of the local slice, gathered over SP.
+    """
+    from verl.utils.model import extract_multi_modal_inputs
+    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+    from verl.utils.ulysses import gather_outputs_and_unpad, ulysses_pad, ulysses_pad_and_slice_inputs
+
+    mask = batch["attention_mask"].bool()
+    ids = batch["input_ids"][mask].unsqueeze(0)  # (1, nnz)
+    positions = batch["position_ids"].transpose(0, 1)[:, mask].unsqueeze(1)  # (4, 1, nnz)
+    rolled = torch.roll(ids, shifts=-1, dims=1)
+    pad = 0
+    if sp > 1:
+        ids, positions, pad = ulysses_pad(ids, position_ids_rmpad=positions, sp_size=sp)
+        rolled, _, _ = ulysses_pad_and_slice_inputs(rolled, position_ids_rmpad=None, sp_size=sp)
+    inputs = extract_multi_modal_inputs(batch["multi_modal_inputs"])
+    logits = model(input_ids=ids, attention_mask=None, position_ids=positions, **inputs, use_cache=False).logits
+    logits = logits.squeeze(0)
+    log_probs = logprobs_from_logits(logits, rolled.squeeze(0), inplace_backward=False)
+    entropy = entropy_from_logits(logits)
+    if sp > 1:
+        log_probs = gather_outputs_and_unpad(log_probs, gather_dim=0, unpad_dim=0, padding_size=pad)
+        entropy = gather_outputs_and_unpad(entropy, gather_dim=0, unpad_dim=0, padding_size=pad)
+    results = []
+    for packed in (log_probs, entropy):
+        padded = packed.new_zeros(mask.shape).masked_scatter(mask, packed)
+        results.append(padded[:, -RESPONSE - 1 : -1])
+    return results
+
+
+def log_prob_forward(model: torch.nn.Module, batch: dict, sp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response log-probs and entropies through verl's code, with its Ulysses group set to the world when sp > 1.
+
+    verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch``; verl >= 0.8 (no such actor): ``engine_forward``.
+    """
+    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
+
+    set_ulysses_sequence_parallel_group(dist.group.WORLD if sp > 1 else None)
+    try:
+        try:
+            actor = actor_for(model, sp)
+        except ImportError:
+            return engine_forward(model, batch, sp)
+        out = actor._forward_micro_batch(batch, temperature=1.0, calculate_entropy=True)
+        # verl 0.7.1 returns a dict, 0.7.0 the tuple (entropy, log_probs)
+        return (out["log_probs"], out["entropys"]) if isinstance(out, dict) else out[::-1]
+    finally:
+        set_ulysses_sequence_parallel_group(None)
