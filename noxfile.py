@@ -77,6 +77,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_vision_dp(session: nox.Session) -> None:
+    """CPU benchmark of vision DP (docs/performance.md): per-rank FLOPs, and SP = 2 on two gloo ranks."""
+    session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
+    session.run("python", "benchmarks/vision_dp.py", *session.posargs)
+
+
+@nox.session
 def bench_moe(session: nox.Session) -> None:
     """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
     transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
