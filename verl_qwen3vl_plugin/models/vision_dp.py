@@ -112,13 +112,13 @@ def vision_dp_forward(upstream: Callable) -> Callable:
         first = sum(patches[:start])
         if end > start:
             local = upstream(self, hidden_states[first : first + sum(patches[start:end])], grid_thw[start:end])
-            keep = None
         else:  # a one-token image, so this rank makes the tower call every other rank makes
             dummy_grid = grid_thw.new_tensor([[1, self.spatial_merge_size, self.spatial_merge_size]])
             local = upstream(self, hidden_states.new_zeros(merge, hidden_states.shape[1]), dummy_grid)
-            keep = 0
         embeds, deepstack = _split_output(local)
-        block = torch.cat([embeds, *deepstack], dim=-1)[:keep]
+        block = torch.cat([embeds, *deepstack], dim=-1)
+        if end == start:
+            block = block[:0]  # the dummy's row is dropped; its graph stays, so the backward reaches the tower
         rows = [sum(patches[s:e]) // merge for s, e in runs]
         gathered = gather_rows(block, rows, rank, group).split(embeds.shape[-1], dim=-1)
         return _rebuild_output(local, gathered[0], list(gathered[1:]))

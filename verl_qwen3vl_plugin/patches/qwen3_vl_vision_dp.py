@@ -13,6 +13,7 @@ The wrapper does nothing until verl sets a Ulysses group of more than one rank.
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
@@ -53,6 +54,16 @@ def decide_verl(tree: ast.Module | None) -> Decision:
     return Decision(Verdict.UNRECOGNIZED, f"verl's apply_monkey_patch does not call {VERL_SLICER} for Qwen3-VL")
 
 
+@lru_cache(maxsize=1)
+def _installed_verl_decision() -> Decision:
+    """``decide_verl`` on the installed verl, parsed once for both vision targets."""
+    source = compat.module_source(VERL_MONKEY_PATCH)
+    try:
+        return decide_verl(ast.parse(source) if source is not None else None)
+    except SyntaxError:
+        return decide_verl(None)
+
+
 def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
     if forward is None:
@@ -61,11 +72,7 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
     if not _returns_embeds_and_deepstack(forward):
         return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward returns neither a pair nor {OUTPUT_CLASS}")
-    source = compat.module_source(VERL_MONKEY_PATCH)
-    try:
-        verl = decide_verl(ast.parse(source) if source is not None else None)
-    except SyntaxError:
-        verl = decide_verl(None)
+    verl = _installed_verl_decision()
     if verl.verdict is not Verdict.APPLY:
         return verl
     return Decision(Verdict.APPLY, f"{cls_name} runs every image on every Ulysses rank; {verl.reason}")
