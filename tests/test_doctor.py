@@ -23,6 +23,10 @@ EXPECTED_VERDICTS = {
         if TRANSFORMERS.major < 5
         else "fixed_upstream",
     },
+    "qwen3_vl_vision_dp": {  # verl 0.7.0 to 0.9.1 all slice Qwen3-VL inputs after the tower
+        "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply",
+        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply",
+    },
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },
