@@ -7,6 +7,7 @@ per fresh process: the resident-set high-water mark (``VmHWM``, reset through ``
 resident set before the call, less the output itself, relative to the output's size.
 
     python benchmarks/pos_embed.py [--repeats 3] [--threads 1] [--plot docs/performance.png] [--json results.json]
+    python benchmarks/pos_embed.py --sweep-blocks 16 17 18 19 20    # the block-size study
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 CASES = {
+    "16 images": lambda: geo3k_like(16),
     "64 images": lambda: geo3k_like(64),
     "256 images": lambda: geo3k_like(256),
     "4 videos 16x32x32": lambda: [[16, 32, 32]] * 4,
@@ -119,6 +121,10 @@ def main() -> None:
     parser.add_argument("--json", help="write all measurements as JSON")
     parser.add_argument("--case", action="append", choices=list(CASES), help="only these cases (repeatable)")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--sweep-blocks", type=int, nargs="+", metavar="LOG2",
+        help="instead: time the plugin's forward with _BLOCK_ELEMENTS = 2^LOG2 each, against verl, alternating",
+    )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -127,6 +133,9 @@ def main() -> None:
         return
 
     impls = implementations()
+    if args.sweep_blocks:
+        sweep_blocks(impls, args.sweep_blocks, args.repeats)
+        return
     upstream = [name for name in impls if name != "plugin"]
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU {capability}, median of {args.repeats}")
@@ -171,6 +180,28 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def sweep_blocks(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
+    """The block-size study: forward, fp32, geo3k-like images, ratios against verl for each block size."""
+    from verl_qwen3vl_plugin.models import qwen3_vl
+
+    default = qwen3_vl._BLOCK_ELEMENTS["cpu"]
+    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")
+    for hidden in (1152, 16):
+        for images in (16, 64):
+            model, grid = tower(hidden, torch.float32), torch.tensor(geo3k_like(images))
+            times: dict[int | str, list[float]] = {"verl": [], **{k: [] for k in sizes}}
+            for _ in range(repeats + 1):  # the first round warms up
+                for key in times:
+                    if key != "verl":
+                        qwen3_vl._BLOCK_ELEMENTS["cpu"] = 1 << key
+                    fn = impls["verl"] if key == "verl" else impls["plugin"]
+                    times[key].append(run_once(fn, model, grid, False, None))
+            qwen3_vl._BLOCK_ELEMENTS["cpu"] = default
+            med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
+            ratios = "  ".join(f"2^{k}: {med['verl'] / med[k]:5.2f}x" for k in sizes)
+            print(f"  hidden {hidden:4}, {images:2} images (verl {med['verl']:.3f} s): {ratios}", flush=True)
 
 
 def plot(sweep: dict[int, dict[str, float]], path: str) -> None:

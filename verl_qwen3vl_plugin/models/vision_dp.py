@@ -58,7 +58,7 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
+        grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place
         dist.all_reduce(grad, group=ctx.group)
         start = sum(ctx.rows[: ctx.rank])
         return grad[start : start + ctx.rows[ctx.rank]], None, None, None
