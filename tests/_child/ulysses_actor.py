@@ -2,12 +2,13 @@
 
     ulysses_actor.py dense|moe CASE[,CASE...] none|fsdp2|fsdp2_offload [shuffled]
 
-On each rank: ``DataParallelPPOActor._forward_micro_batch`` with ``use_remove_padding=True`` after verl's
-``apply_monkey_patch(model, ulysses_sp_size=2)``, first with no Ulysses group (SP = 1), then with
-``set_ulysses_sequence_parallel_group`` on both ranks (SP = 2). Loss: fixed random weights on the log-probs and
-entropies. Prints one JSON list (per rank, per case): the largest differences of log-probs, entropies and gradients
-(averaged over the ranks, as FSDP reduces them), and the patch rows that entered ``patch_embed`` in each tower call.
-``shuffled``: the plugin's gather returns the ranks' blocks in reverse order (the negative control).
+On each rank: ``DataParallelPPOActor._forward_micro_batch`` (verl 0.7.x; on verl >= 0.8 the FSDP engine's
+``forward_step``) with remove-padding after verl's ``apply_monkey_patch(model, ulysses_sp_size=2)``, first with no
+Ulysses group (SP = 1), then with ``set_ulysses_sequence_parallel_group`` on both ranks (SP = 2). Loss: fixed
+random weights on the log-probs and entropies. Prints one JSON list (per rank, per case): the largest differences
+of log-probs, entropies and gradients (averaged over the ranks, as FSDP reduces them), and the patch rows that
+entered ``patch_embed`` in each tower call. ``shuffled``: the plugin's gather returns the ranks' blocks in reverse
+order (the negative control).
 
 CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` (the package's testing code) names them.
 """

@@ -1,8 +1,8 @@
 """Vision DP through verl's real Ulysses path on two CPU ranks (gloo): SP = 2 with the plugin against SP = 1.
 
 verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch`` with remove-padding after ``apply_monkey_patch(model,
-ulysses_sp_size=2)``; verl 0.8 / 0.9 (no such actor): the engine's steps around the model, from verl's own Ulysses
-helpers (``tests/_child/ulysses_actor.py`` names its CPU stand-ins). Each rank's tower must see only its share of the
+ulysses_sp_size=2)``; verl 0.8 / 0.9 (no such actor): the FSDP engine's own ``FSDPEngineWithLMHead.forward_step``
+(``verl_qwen3vl_plugin.selftest.ulysses`` names the CPU stand-ins). Each rank's tower must see only its share of the
 patches, every rank must make the same tower calls, and log-probs, entropies and gradients must match SP = 1.
 """
 

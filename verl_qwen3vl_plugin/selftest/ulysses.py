@@ -163,42 +163,45 @@ def actor_for(model: torch.nn.Module, sp: int):
 
 
 def engine_forward(model: torch.nn.Module, batch: dict, sp: int) -> list[torch.Tensor]:
-    """What verl 0.8/0.9's ``FSDPEngineWithLMHead`` does around the model with remove-padding, from verl's own helpers.
+    """verl >= 0.8: ``FSDPEngineWithLMHead.forward_step`` itself, on an engine object holding only what it reads.
 
-    ``prepare_model_inputs``: pack, roll, ``ulysses_pad`` (a VLM is sliced at the language model, not here) and
-    slice the rolled labels; ``prepare_model_outputs``: log-probs and entropy of the local slice, gathered over SP.
+    The micro-batch goes through verl's own ``left_right_2_no_padding``; the loss function verl calls captures the
+    model output (log-probs and entropies of every packed token, still in the graph) and returns a zero loss.
     """
-    from verl.utils.model import extract_multi_modal_inputs
-    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-    from verl.utils.ulysses import gather_outputs_and_unpad, ulysses_pad, ulysses_pad_and_slice_inputs
+    from tensordict import NonTensorStack, TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.torch_functional import entropy_from_logits
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.utils.padding import left_right_2_no_padding
 
-    mask = batch["attention_mask"].bool()
-    ids = batch["input_ids"][mask].unsqueeze(0)  # (1, nnz)
-    positions = batch["position_ids"].transpose(0, 1)[:, mask].unsqueeze(1)  # (4, 1, nnz)
-    rolled = torch.roll(ids, shifts=-1, dims=1)
-    pad = 0
-    if sp > 1:
-        ids, positions, pad = ulysses_pad(ids, position_ids_rmpad=positions, sp_size=sp)
-        rolled, _, _ = ulysses_pad_and_slice_inputs(rolled, position_ids_rmpad=None, sp_size=sp)
-    inputs = extract_multi_modal_inputs(batch["multi_modal_inputs"])
-    logits = model(input_ids=ids, attention_mask=None, position_ids=positions, **inputs, use_cache=False).logits
-    logits = logits.squeeze(0)
-    log_probs = logprobs_from_logits(logits, rolled.squeeze(0), inplace_backward=False)
-    entropy = entropy_from_logits(logits)
-    if sp > 1:
-        log_probs = gather_outputs_and_unpad(log_probs, gather_dim=0, unpad_dim=0, padding_size=pad)
-        entropy = gather_outputs_and_unpad(entropy, gather_dim=0, unpad_dim=0, padding_size=pad)
-    results = []
-    for packed in (log_probs, entropy):
-        padded = packed.new_zeros(mask.shape).masked_scatter(mask, packed)
-        results.append(padded[:, -RESPONSE - 1 : -1])
-    return results
+    transformer_impl.get_device_id = lambda: "cpu"
+    engine = transformer_impl.FSDPEngineWithLMHead.__new__(transformer_impl.FSDPEngineWithLMHead)
+    engine.module, engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size = model, sp > 1, sp
+    engine.pad_to_length, engine._autocast_dtype = False, torch.float32
+    engine.engine_config = SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
+    engine.compute_entropy_from_logits = entropy_from_logits
+    engine.get_data_parallel_group = lambda: None
+    padded = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    padded["response_mask"] = torch.ones_like(batch["responses"])
+    data = left_right_2_no_padding(TensorDict(padded, batch_size=[batch["input_ids"].shape[0]]))
+    data["multi_modal_inputs"] = NonTensorStack(*[inputs or {} for inputs in batch["multi_modal_inputs"]])
+    for key, value in (("temperature", 1.0), ("calculate_entropy", True), ("use_remove_padding", True)):
+        tu.assign_non_tensor_data(data, key, value)
+    captured = {}
+
+    def loss_function(model_output, data, dp_group):
+        captured.update(model_output)
+        return model_output["log_probs"].values().sum() * 0, {}
+
+    engine.forward_step(data, loss_function=loss_function, forward_only=False)
+    return [captured["log_probs"].values(), captured["entropy"].values()]
 
 
 def log_prob_forward(model: torch.nn.Module, batch: dict, sp: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Response log-probs and entropies through verl's code, with its Ulysses group set to the world when sp > 1.
 
-    verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch``; verl >= 0.8 (no such actor): ``engine_forward``.
+    verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch``; verl >= 0.8 (no such actor): the engine's
+    ``forward_step`` (``engine_forward``).
     """
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
