@@ -75,7 +75,8 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     verl = _installed_verl_decision()
     if verl.verdict is not Verdict.APPLY:
         return verl
-    return Decision(Verdict.APPLY, f"{cls_name} runs every image on every Ulysses rank; {verl.reason}")
+    reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
+    return Decision(Verdict.APPLY, reason)
 
 
 def _apply_to_vision_class(module: ModuleType) -> None:
