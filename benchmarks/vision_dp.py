@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 # geo3k diagrams are a few hundred pixels a side: with 16-pixel patches and 2 x 2 merging, grids like these
 GEO3K_GRIDS = [(1, 20, 14), (1, 16, 16), (1, 24, 18), (1, 14, 10)]
@@ -50,10 +47,8 @@ def flops_table(images: int) -> None:
               f"(plugin), {sum(per_image) / busiest:.1f}x less; patches per rank {shares}")  # fmt: skip
 
 
-def _rank(rank: int, port: int, images: int, repeats: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _rank(rank: int, images: int, repeats: int) -> dict[str, float]:
+    """On one of the two ranks: median times of the slower rank, per implementation."""
     import verl  # noqa: F401  (the plugin activates here)
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
@@ -81,23 +76,15 @@ def _rank(rank: int, port: int, images: int, repeats: int, queue) -> None:
             if step:
                 times[name].append(float(elapsed))
     cls.forward = plugin
-    if rank == 0:
-        queue.put({name: statistics.median(ts) for name, ts in times.items()})
-    dist.destroy_process_group()
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def cpu_times(images: int, repeats: int) -> dict[str, float]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, images, repeats, queue)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    result = queue.get(timeout=3600)
-    for proc in procs:
-        proc.join(timeout=60)
+    from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
+
+    result = on_two_ranks(_rank, images, repeats, timeout=3600)[0]
+    if "error" in result:
+        raise RuntimeError(result["error"])
     return result
 
 

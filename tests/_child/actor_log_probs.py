@@ -18,9 +18,9 @@ import verl  # noqa: F401
 from tensordict import TensorDict
 from verl import DataProto
 from verl.workers.actor import dp_actor
-from verl.workers.config.actor import FSDPActorConfig
 
 from verl_qwen3vl_plugin.selftest.tiny_models import image_prompt, pixel_values, randomize, tiny_qwen3_vl_moe
+from verl_qwen3vl_plugin.selftest.ulysses import actor_for
 
 dp_actor.get_device_id = lambda: "cpu"
 with socket.socket() as sock:
@@ -32,20 +32,6 @@ dtype = sys.argv[1]
 model = randomize(tiny_qwen3_vl_moe(num_experts=8, num_experts_per_tok=4), seed=0)
 if dtype == "bf16":
     model = model.to(torch.bfloat16)  # as FSDP mixed precision holds it
-cfg = FSDPActorConfig(
-    strategy="fsdp",
-    ppo_mini_batch_size=2,
-    ppo_micro_batch_size_per_gpu=2,
-    use_dynamic_bsz=False,
-    ppo_epochs=1,
-    use_remove_padding=False,
-    rollout_n=1,
-    fsdp_config={"dtype": "bfloat16" if dtype == "bf16" else "float32"},
-    use_torch_compile=False,
-    grad_clip=1.0,
-    ulysses_sequence_parallel_size=1,
-    entropy_coeff=0.0,
-)
 grid = torch.tensor([[1, 4, 4]])
 prompt = image_prompt(grid, text=4)[0]
 bsz, resp_len = 2, 5
@@ -68,7 +54,7 @@ batch = TensorDict(
 )
 meta = {"micro_batch_size": 2, "temperature": 1.0, "use_dynamic_bsz": False, "pad_token_id": 0}
 data = DataProto(batch=batch, non_tensor_batch={"multi_modal_inputs": mm}, meta_info=meta)
-actor = dp_actor.DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0))
+actor = actor_for(model, 1, "bfloat16" if dtype == "bf16" else "float32", use_remove_padding=False)
 out = actor.compute_log_prob(data, calculate_entropy=False)
 old = out["log_probs"] if isinstance(out, dict) else out[0]  # 0.7.0: the tuple (log_probs, entropys)
 captured = []

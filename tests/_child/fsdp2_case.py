@@ -2,12 +2,10 @@
 wrapping does; prints, per rank, whether the output and the table's gradient match the unsharded upstream tower."""
 
 import json
-import os
-import socket
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 
 
 def first(out):
@@ -17,10 +15,7 @@ def first(out):
     return out.pooler_output if getattr(out, "pooler_output", None) is not None else out.last_hidden_state
 
 
-def worker(rank, port, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+def worker(rank):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
@@ -50,27 +45,13 @@ def worker(rank, port, queue):
     out = first(model(pixels, grid_thw=grid))
     out.square().sum().backward()
     grad = model.pos_embed.weight.grad.full_tensor()
-    queue.put(
-        {
-            "rank": rank,
-            "sharded": type(model.pos_embed.weight).__name__,
-            "equal": bool(torch.equal(out, expected)),
-            "grad_close": bool(torch.allclose(grad, reference.pos_embed.weight.grad, rtol=1e-5, atol=1e-6)),
-        }
-    )
-    dist.destroy_process_group()
+    return {
+        "rank": rank,
+        "sharded": type(model.pos_embed.weight).__name__,
+        "equal": bool(torch.equal(out, expected)),
+        "grad_close": bool(torch.allclose(grad, reference.pos_embed.weight.grad, rtol=1e-5, atol=1e-6)),
+    }
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    print(json.dumps(sorted(results, key=lambda r: r["rank"])))
+    print(json.dumps(on_two_ranks(worker, timeout=240)))

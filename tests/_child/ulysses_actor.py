@@ -14,14 +14,12 @@ CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` (the package's testing c
 """
 
 import json
-import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 from verl_qwen3vl_plugin.selftest.ulysses import (
     boundary_inside_image,
     build_model,
@@ -61,20 +59,6 @@ def run_pass(model, batch, sp, counts):
             grad /= dist.get_world_size()
         grads[name] = grad
     return log_probs.detach(), entropy.detach(), grads, list(counts)
-
-
-def worker(rank, port, args, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        queue.put(run_rank(rank, *args))
-    except Exception as exc:
-        import traceback
-
-        queue.put({"rank": rank, "error": traceback.format_exc()[-3000:] or repr(exc)})
-    finally:
-        dist.destroy_process_group()
 
 
 def run_rank(rank, kind, cases, fsdp, shuffled):
@@ -125,17 +109,5 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
 
 
 if __name__ == "__main__":
-    kind, case, fsdp, *rest = sys.argv[1:]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    args = (kind, case, fsdp, rest == ["shuffled"])
-    procs = [ctx.Process(target=worker, args=(rank, port, args, queue)) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
-    for proc in procs:
-        proc.join(timeout=60)
-    print(json.dumps(results))
+    kind, cases, fsdp, *rest = sys.argv[1:]
+    print(json.dumps(on_two_ranks(run_rank, kind, cases, fsdp, rest == ["shuffled"])))

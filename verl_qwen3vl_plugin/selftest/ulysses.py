@@ -142,22 +142,27 @@ def boundary_inside_image(batch: dict, size: int) -> bool:
     return any(bool(vision[b - 1] and vision[b]) for b in range(local, packed.numel(), local))
 
 
-def actor_for(model: torch.nn.Module, sp: int):
+def actor_for(model: torch.nn.Module, sp: int, dtype: str = "float32", **config):
+    """verl 0.7.x's ``DataParallelPPOActor`` on ``model``: one micro-batch of 2, remove-padding unless ``config``
+    says otherwise, a no-op optimizer (the tests compare passes, not steps)."""
     from omegaconf import OmegaConf
     from verl.workers.actor import dp_actor  # verl 0.7.x
     from verl.workers.config.actor import FSDPActorConfig
 
     config = FSDPActorConfig(
-        strategy="fsdp",
-        ppo_mini_batch_size=2,
-        ppo_micro_batch_size_per_gpu=2,
-        use_dynamic_bsz=False,
-        rollout_n=1,
-        use_remove_padding=True,
-        fsdp_config=OmegaConf.create({"dtype": "float32"}),  # the actor sets its SP size on it
-        use_torch_compile=False,
-        ulysses_sequence_parallel_size=sp,
-        entropy_coeff=0.0,
+        **{
+            "strategy": "fsdp",
+            "ppo_mini_batch_size": 2,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "use_dynamic_bsz": False,
+            "rollout_n": 1,
+            "use_remove_padding": True,
+            "fsdp_config": OmegaConf.create({"dtype": dtype}),  # the actor sets its SP size on it
+            "use_torch_compile": False,
+            "ulysses_sequence_parallel_size": sp,
+            "entropy_coeff": 0.0,
+            **config,
+        }
     )
     return dp_actor.DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.0))
 

@@ -7,8 +7,6 @@ upstream's, and the parameter gradients averaged over the two ranks (as FSDP red
 
 from __future__ import annotations
 
-import socket
-
 import torch
 
 from verl_qwen3vl_plugin.selftest import Check
@@ -81,46 +79,19 @@ def compare(grid: list[list[int]]) -> dict:
     }
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        queue.put((rank, {name: compare(grid) for name, grid in CASES.items()}))
-    except Exception as exc:
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
-    finally:
-        dist.destroy_process_group()
-
-
-def on_two_ranks() -> dict[int, dict | str]:
-    """Run ``compare`` on every case on two fresh CPU processes; {rank: results, or the error it raised}."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(rank, port, queue)) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        return dict(queue.get(timeout=300) for _ in procs)
-    finally:
-        for proc in procs:
-            proc.join(timeout=60)
+def _compare_cases(rank: int) -> dict:
+    return {name: compare(grid) for name, grid in CASES.items()}
 
 
 def run() -> list[Check]:
     from verl_qwen3vl_plugin.models.vision_dp import assign
+    from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION
 
-    results = on_two_ranks()
-    errors = [r for r in results.values() if isinstance(r, str)]
+    results = on_two_ranks(_compare_cases, timeout=300)
+    errors = [r["error"] for r in results if "error" in r]
     if errors:
-        return [Check("vision DP on 2 ranks", False, errors[0])]
+        return [Check("vision DP on 2 ranks", False, errors[0].strip().splitlines()[-1])]
     checks = []
     for name, grid in CASES.items():
         patches = [t * h * w for t, h, w in grid]
