@@ -79,7 +79,7 @@ def ulysses_group() -> tuple[dist.ProcessGroup | None, int, int]:
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
-def _split_output(output) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def split_output(output) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(merged embeddings, deepstack features) from what this transformers' vision forward returns."""
     if isinstance(output, tuple):
         return output[0], list(output[1] or [])
@@ -115,7 +115,7 @@ def vision_dp_forward(upstream: Callable) -> Callable:
         else:  # a one-token image, so this rank makes the tower call every other rank makes
             dummy_grid = grid_thw.new_tensor([[1, self.spatial_merge_size, self.spatial_merge_size]])
             local = upstream(self, hidden_states.new_zeros(merge, hidden_states.shape[1]), dummy_grid)
-        embeds, deepstack = _split_output(local)
+        embeds, deepstack = split_output(local)
         block = torch.cat([embeds, *deepstack], dim=-1)
         if end == start:
             block = block[:0]  # the dummy's row is dropped; its graph stays, so the backward reaches the tower

@@ -33,18 +33,12 @@ def _towers():
     return Qwen3VLVisionModel, tower
 
 
-def _embeds(output) -> list[torch.Tensor]:
-    if isinstance(output, tuple):
-        return [output[0], *output[1]]
-    return [output.pooler_output, *output.deepstack_features]
-
-
 def compare(grid: list[list[int]]) -> dict:
     """On a rank of an initialised 2-rank group: the split forward against upstream's, and patch counts."""
     import torch.distributed as dist
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
-    from verl_qwen3vl_plugin.models.vision_dp import vision_dp_forward
+    from verl_qwen3vl_plugin.models.vision_dp import split_output, vision_dp_forward
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
     cls, tower = _towers()
@@ -57,7 +51,8 @@ def compare(grid: list[list[int]]) -> dict:
         model.patch_embed.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(args[0].shape[0]))
         set_ulysses_sequence_parallel_group(dist.group.WORLD if name == "plugin" else None)
         try:
-            outs = _embeds(forward(model, pixels, grid_thw))
+            embeds, deepstack = split_output(forward(model, pixels, grid_thw))
+            outs = [embeds, *deepstack]
         finally:
             set_ulysses_sequence_parallel_group(None)
         if weights is None:
