@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument(
         "--sweep-blocks", type=int, nargs="+", metavar="LOG2",
-        help="instead: time the plugin's forward with _BLOCK_ELEMENTS = 2^LOG2 each, against verl, alternating",
+        help="instead: time the plugin's forward with _STEP_ELEMENTS = 2^LOG2 each, against verl, alternating",
     )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,7 +186,7 @@ def sweep_blocks(impls: dict[str, Callable], sizes: list[int], repeats: int) -> 
     """The block-size study: forward, fp32, geo3k-like images, ratios against verl for each block size."""
     from verl_qwen3vl_plugin.models import qwen3_vl
 
-    default = qwen3_vl._BLOCK_ELEMENTS["cpu"]
+    default = qwen3_vl._STEP_ELEMENTS["cpu"]
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")
     for hidden in (1152, 16):
         for images in (16, 64):
@@ -195,10 +195,10 @@ def sweep_blocks(impls: dict[str, Callable], sizes: list[int], repeats: int) -> 
             for _ in range(repeats + 1):  # the first round warms up
                 for key in times:
                     if key != "verl":
-                        qwen3_vl._BLOCK_ELEMENTS["cpu"] = 1 << key
+                        qwen3_vl._STEP_ELEMENTS["cpu"] = 1 << key
                     fn = impls["verl"] if key == "verl" else impls["plugin"]
                     times[key].append(run_once(fn, model, grid, False, None))
-            qwen3_vl._BLOCK_ELEMENTS["cpu"] = default
+            qwen3_vl._STEP_ELEMENTS["cpu"] = default
             med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
             ratios = "  ".join(f"2^{k}: {med['verl'] / med[k]:5.2f}x" for k in sizes)
             print(f"  hidden {hidden:4}, {images:2} images (verl {med['verl']:.3f} s): {ratios}", flush=True)

@@ -22,6 +22,7 @@ When it applies, and when it can be removed: the ``qwen3_vl_pos_embed`` spec (``
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -47,11 +48,14 @@ class _GridTables(NamedTuple):
 _GRID_CACHE: OrderedDict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = OrderedDict()
 _GRID_CACHE_MAX_VALUES = 1 << 20  # 24 MiB of int32 / fp32 tables per process at the most
 _grid_cache_values = 0
-# Rows are gathered and summed in blocks of about this many elements per corner: large enough that per-op overhead
-# does not dominate (it does below ~100 rows at hidden 1152 on the CPU), small enough that the four corners' products
-# never exist for all rows at once (the extra memory stays a few MB, not 4x the output). Measured in benchmarks/.
-_BLOCK_ELEMENTS = {"cpu": 1 << 18}
-_DEFAULT_BLOCK_ELEMENTS = 1 << 22
+# Rows are gathered, weighted and summed one corner at a time, in steps of about this many elements: a step's rows
+# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. On the
+# CPU, 2^16 to 2^18 measure alike at hidden 16 and 1152 (benchmarks/pos_embed.py --sweep-blocks).
+_STEP_ELEMENTS = {"cpu": 1 << 17}
+_DEFAULT_STEP_ELEMENTS = 1 << 22
+# Corner indices and weights (48 bytes a patch) are built for this many patches at once: few enough calls that their
+# ~20 small ops vanish in the cost, and a bounded buffer (1.5 MiB) on any grid.
+_CHUNK_PATCHES = 1 << 15
 # Scattering the gradient: index_put_(accumulate=True) beats index_add_ on short rows (2.4x at hidden 16 on the CPU),
 # index_add_ wins on long ones (1.6x at hidden 1152).
 _INDEX_PUT_BELOW_HIDDEN = 128
@@ -107,14 +111,15 @@ def _grid_tables(side: int, sizes: list[int], device: torch.device) -> tuple[_Gr
     return _GridTables(*(torch.cat(parts) for parts in zip(*grids, strict=True))), starts
 
 
-def _block_positions(
+def _patch_positions(
     grid_thw: torch.Tensor, grid: list[list[int]], merge: int, starts: dict[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the merge blocks of each item's first frame find their grid rows and columns in the grid tables
-    (``starts``: where each grid size begins in them): (merge, blocks) int32 each.
+    """Where each patch of each item's first frame finds its grid row and column in the grid tables (``starts``:
+    where each grid size begins in them): (patches,) int32 each, in the vision tower's merge order (patch p of merge
+    block b is row b * m * m + p).
 
-    A block's m x m patches share one block row and one block column, so the per-patch work reduces to crossing
-    m rows with m columns (``_corners``). Blocks are innermost, so every op runs over long rows.
+    The arithmetic runs per merge block (a quarter of the patches at m = 2); only the last step crosses each block's
+    m rows with its m columns.
     """
     device = grid_thw.device
     num_blocks = sum(h * w for _, h, w in grid) // (merge * merge)
@@ -124,31 +129,29 @@ def _block_positions(
     item = torch.arange(len(grid), device=device, dtype=torch.int32)
     item = torch.repeat_interleave(item, frame_blocks, output_size=num_blocks)
     first_block = torch.cumsum(frame_blocks, 0, dtype=torch.int32) - frame_blocks
-    block = torch.arange(num_blocks, device=device, dtype=torch.int32) - first_block[item]
-    per_row = blocks_per_row[item]
+    block = torch.arange(num_blocks, device=device, dtype=torch.int32) - first_block.index_select(0, item)
+    per_row = blocks_per_row.index_select(0, item)
     block_row = block // per_row
     block_col = block - block_row * per_row
     # One small copy per call, from pinned memory on CUDA so it does not block: where each item's sizes start.
     item_starts = [[starts[h] for _, h, _ in grid], [starts[w] for _, _, w in grid]]
     pinned = device.type == "cuda"
     row_start, col_start = torch.tensor(item_starts, dtype=torch.int32, pin_memory=pinned).to(device, non_blocking=True)
-    offsets = torch.arange(merge, device=device, dtype=torch.int32)[:, None]
-    rows = offsets + (block_row * merge + row_start[item])
-    cols = offsets + (block_col * merge + col_start[item])
-    return rows, cols
+    # Patch p of a block sits at row p // m, column p % m of it.
+    patch = torch.arange(merge * merge, device=device, dtype=torch.int32)
+    rows = torch.add(block_row.mul_(merge).add_(row_start.index_select(0, item))[:, None], patch // merge)
+    cols = torch.add(block_col.mul_(merge).add_(col_start.index_select(0, item))[:, None], patch % merge)
+    return rows.view(-1), cols.view(-1)
 
 
 def _corners(tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Table rows and fp32 weights of the four corners of the given blocks' patches, (4, patches) each, in output
-    order (patch p of block b is row b * m * m + p: the vision tower's merge order)."""
-    merge, num_blocks = rows.shape
-    rows, cols = rows.long(), cols.long()  # torch.take wants int64
-    row_lo, row_hi = tables.floor_x_side.take(rows)[:, None], tables.ceil_x_side.take(rows)[:, None]
-    dh, one_minus_dh = tables.frac.take(rows)[:, None], tables.one_minus_frac.take(rows)[:, None]
-    col_lo, col_hi = tables.floor.take(cols)[None], tables.ceil.take(cols)[None]
-    dw, one_minus_dw = tables.frac.take(cols)[None], tables.one_minus_frac.take(cols)[None]
-    indices = torch.empty(4, merge, merge, num_blocks, dtype=torch.int64, device=rows.device)
-    weights = torch.empty(4, merge, merge, num_blocks, dtype=torch.float32, device=rows.device)
+    """Table rows and fp32 weights of the four corners of the given patches, (4, patches) each."""
+    row_lo, row_hi = tables.floor_x_side.index_select(0, rows), tables.ceil_x_side.index_select(0, rows)
+    dh, one_minus_dh = tables.frac.index_select(0, rows), tables.one_minus_frac.index_select(0, rows)
+    col_lo, col_hi = tables.floor.index_select(0, cols), tables.ceil.index_select(0, cols)
+    dw, one_minus_dw = tables.frac.index_select(0, cols), tables.one_minus_frac.index_select(0, cols)
+    indices = torch.empty(4, rows.numel(), dtype=torch.int32, device=rows.device)
+    weights = torch.empty(4, rows.numel(), dtype=torch.float32, device=rows.device)
     # Upstream's corner order and products: (floor, floor), (floor, ceil), (ceil, floor), (ceil, ceil).
     corners = [
         (row_lo, col_lo, one_minus_dh, one_minus_dw),
@@ -159,26 +162,31 @@ def _corners(tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor) -> tup
     for c, (row, col, row_weight, col_weight) in enumerate(corners):
         torch.add(row, col, out=indices[c])
         torch.mul(row_weight, col_weight, out=weights[c])
-    return indices.permute(0, 3, 1, 2).reshape(4, -1), weights.permute(0, 3, 1, 2).reshape(4, -1)
+    return indices, weights
 
 
-def _steps(num_blocks: int, patches_per_block: int, hidden: int, device: torch.device) -> range:
-    """Ranges of merge blocks processed at once: about _BLOCK_ELEMENTS per corner, and at most an eighth of the
-    blocks, so the step's four corners never take more than half the output's memory."""
-    rows = _BLOCK_ELEMENTS.get(device.type, _DEFAULT_BLOCK_ELEMENTS) // max(hidden, 1)
-    step = max(1, min(rows // patches_per_block, num_blocks // 8))
-    return range(0, num_blocks, step)
+def _chunks(
+    tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yield (first patch, corner indices, corner weights) for runs of _CHUNK_PATCHES patches, in order."""
+    for start in range(0, rows.numel(), _CHUNK_PATCHES):
+        stop = start + _CHUNK_PATCHES
+        yield (start, *_corners(tables, rows[start:stop], cols[start:stop]))
+
+
+def _step_rows(hidden: int, device: torch.device) -> int:
+    return max(1, _STEP_ELEMENTS.get(device.type, _DEFAULT_STEP_ELEMENTS) // max(hidden, 1))
 
 
 class _BilinearGather(torch.autograd.Function):
-    """out[r] = sum_c table[corner c of patch r] * weight[c, r], a step of merge blocks at a time, for the first
-    frame of each item; ``frame_rows`` (when given) then copies first-frame rows to every frame.
+    """out[r] = sum_c table[corner c of patch r] * weight[c, r] for the first frame of each item; ``frame_rows``
+    (when given) then copies first-frame rows to every frame.
 
-    Only the per-block grid positions are kept for backward: each step's corner indices and weights are rebuilt
+    Only the per-block grid positions are kept for backward: corner indices and weights are rebuilt a chunk at a time
     when needed, so neither they nor the gathered rows ever exist for the whole output. Forward rounds the fp32
-    weights to the table's dtype, then multiplies and adds in upstream's order and dtype (bit-identical results):
-    one gather of the step's four corners, one multiply, three adds. Backward scatters ``grad * weight`` into a
-    float32 table gradient with the fp32 weights, so a bf16 table gets the fp32 gradient rounded once.
+    weights to the table's dtype, then multiplies and adds in upstream's order and dtype (bit-identical results; a
+    fused multiply-add, as in ``addcmul``, would round once instead of twice). Backward scatters ``grad * weight``
+    into a float32 table gradient with the fp32 weights, so a bf16 table gets the fp32 gradient rounded once.
     """
 
     @staticmethod
@@ -190,18 +198,19 @@ class _BilinearGather(torch.autograd.Function):
         tables: _GridTables,
         frame_rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        merge, num_blocks = rows.shape
-        per_block, hidden = merge * merge, table.shape[1]
-        steps = _steps(num_blocks, per_block, hidden, table.device)
-        out = table.new_empty(num_blocks * per_block, hidden)
-        corners = table.new_empty(4 * min(steps.step, num_blocks) * per_block, hidden)
-        for start in steps:
-            stop = min(start + steps.step, num_blocks)
-            indices, weights = _corners(tables, rows[:, start:stop], cols[:, start:stop])
-            flat = corners[: indices.numel()]
-            torch.index_select(table, 0, indices.view(-1), out=flat)
-            block = flat.view(4, -1, hidden).mul_(weights.to(table.dtype)[:, :, None])
-            torch.add(block[0], block[1], out=out[start * per_block : stop * per_block]).add_(block[2]).add_(block[3])
+        num_rows, hidden = rows.numel(), table.shape[1]
+        step = _step_rows(hidden, table.device)
+        out = table.new_empty(num_rows, hidden)
+        corner = table.new_empty(min(step, num_rows), hidden)
+        for first, indices, weights in _chunks(tables, rows, cols):
+            weights = weights.to(table.dtype)
+            for start in range(0, indices.shape[1], step):
+                stop = min(start + step, indices.shape[1])
+                acc = out[first + start : first + stop]
+                torch.index_select(table, 0, indices[0, start:stop], out=acc).mul_(weights[0, start:stop, None])
+                for c in (1, 2, 3):  # upstream's order: ((p0 + p1) + p2) + p3
+                    part = torch.index_select(table, 0, indices[c, start:stop], out=corner[: stop - start])
+                    acc.add_(part.mul_(weights[c, start:stop, None]))
         ctx.save_for_backward(rows, cols, frame_rows)
         ctx.tables, ctx.table_shape, ctx.table_dtype = tables, table.shape, table.dtype
         return out if frame_rows is None else out.index_select(0, frame_rows)
@@ -210,21 +219,21 @@ class _BilinearGather(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         rows, cols, frame_rows = ctx.saved_tensors
         if frame_rows is not None:  # sum each video's frames in fp32 before scattering
-            frames = torch.zeros(rows.shape[1] * rows.shape[0] ** 2, grad_out.shape[1], device=grad_out.device)
+            frames = torch.zeros(rows.numel(), grad_out.shape[1], device=grad_out.device)
             grad_out = frames.index_add_(0, frame_rows, grad_out.float())
-        merge, num_blocks = rows.shape
-        per_block, hidden = merge * merge, grad_out.shape[1]
+        hidden = grad_out.shape[1]
+        step = _step_rows(hidden, grad_out.device)
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
-        steps = _steps(num_blocks, per_block, hidden, grad_out.device)
-        for start in steps:
-            stop = min(start + steps.step, num_blocks)
-            indices, weights = _corners(ctx.tables, rows[:, start:stop], cols[:, start:stop])
-            g = grad_out[None, start * per_block : stop * per_block].float()
-            contributions = (g * weights[:, :, None]).view(-1, hidden)
-            if hidden < _INDEX_PUT_BELOW_HIDDEN:
-                grad.index_put_((indices.view(-1),), contributions, accumulate=True)
-            else:
-                grad.index_add_(0, indices.view(-1), contributions)
+        for first, indices, weights in _chunks(ctx.tables, rows, cols):
+            for start in range(0, indices.shape[1], step):
+                stop = min(start + step, indices.shape[1])
+                g = grad_out[None, first + start : first + stop].float()
+                contributions = (g * weights[:, start:stop, None]).view(-1, hidden)
+                scattered = indices[:, start:stop].reshape(-1)
+                if hidden < _INDEX_PUT_BELOW_HIDDEN:
+                    grad.index_put_((scattered,), contributions, accumulate=True)
+                else:
+                    grad.index_add_(0, scattered, contributions)
         return grad.to(ctx.table_dtype), None, None, None, None
 
 
@@ -265,7 +274,7 @@ def fast_pos_embed_interpolate(self: nn.Module, grid_thw: torch.Tensor) -> torch
         return table[:0].clone()
 
     tables, starts = _grid_tables(side, sorted({n for _, h, w in grid for n in (h, w)}), device)
-    rows, cols = _block_positions(grid_thw, grid, merge, starts)
+    rows, cols = _patch_positions(grid_thw, grid, merge, starts)
     # Videos: every frame of an item has the same embedding, computed once and copied (as upstream repeats it).
     frame_rows = None if all(t == 1 for t, _, _ in grid) else _frame_rows(grid_thw, grid)
     return _BilinearGather.apply(table, rows, cols, tables, frame_rows)
