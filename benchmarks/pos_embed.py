@@ -7,7 +7,7 @@ per fresh process: the resident-set high-water mark (``VmHWM``, reset through ``
 resident set before the call, less the output itself, relative to the output's size.
 
     python benchmarks/pos_embed.py [--repeats 3] [--threads 1] [--plot docs/performance.png] [--json results.json]
-    python benchmarks/pos_embed.py --sweep-blocks 16 17 18 19 20    # the block-size study
+    python benchmarks/pos_embed.py --sweep-steps 16 17 18 19    # the step-size study
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def main() -> None:
     parser.add_argument("--case", action="append", choices=list(CASES), help="only these cases (repeatable)")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument(
-        "--sweep-blocks", type=int, nargs="+", metavar="LOG2",
-        help="instead: time the plugin's forward with _STEP_ELEMENTS = 2^LOG2 each, against verl, alternating",
+        "--sweep-steps", type=int, nargs="+", metavar="LOG2",
+        help="instead: time the plugin's forward in steps of 2^LOG2 elements each, against verl, alternating",
     )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -133,8 +133,8 @@ def main() -> None:
         return
 
     impls = implementations()
-    if args.sweep_blocks:
-        sweep_blocks(impls, args.sweep_blocks, args.repeats)
+    if args.sweep_steps:
+        sweep_steps(impls, args.sweep_steps, args.repeats)
         return
     upstream = [name for name in impls if name != "plugin"]
     capability = torch.backends.cpu.get_cpu_capability()
@@ -182,25 +182,28 @@ def main() -> None:
             json.dump(results, f, indent=1)
 
 
-def sweep_blocks(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
-    """The block-size study: forward, fp32, geo3k-like images, ratios against verl for each block size."""
+def sweep_steps(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
+    """The step-size study: forward, fp32, geo3k-like images, ratios against verl for steps of 2^k elements (no
+    floor on the rows) and for the shipped policy (2^17 elements, at least 2^14 rows)."""
     from verl_qwen3vl_plugin.models import qwen3_vl
 
-    default = qwen3_vl._STEP_ELEMENTS["cpu"]
+    shipped = qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")
     for hidden in (1152, 16):
         for images in (16, 64):
             model, grid = tower(hidden, torch.float32), torch.tensor(geo3k_like(images))
-            times: dict[int | str, list[float]] = {"verl": [], **{k: [] for k in sizes}}
+            times: dict[int | str, list[float]] = {"verl": [], "shipped": [], **{k: [] for k in sizes}}
             for _ in range(repeats + 1):  # the first round warms up
                 for key in times:
-                    if key != "verl":
-                        qwen3_vl._STEP_ELEMENTS["cpu"] = 1 << key
+                    elements, min_rows = shipped if key in ("verl", "shipped") else (1 << key, 1)
+                    qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS = elements, min_rows
                     fn = impls["verl"] if key == "verl" else impls["plugin"]
                     times[key].append(run_once(fn, model, grid, False, None))
-            qwen3_vl._STEP_ELEMENTS["cpu"] = default
+            qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS = shipped
             med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
-            ratios = "  ".join(f"2^{k}: {med['verl'] / med[k]:5.2f}x" for k in sizes)
+            ratios = "  ".join(
+                f"{k if k == 'shipped' else f'2^{k}'}: {med['verl'] / med[k]:5.2f}x" for k in med if k != "verl"
+            )
             print(f"  hidden {hidden:4}, {images:2} images (verl {med['verl']:.3f} s): {ratios}", flush=True)
 
 

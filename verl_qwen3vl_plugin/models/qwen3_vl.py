@@ -49,10 +49,13 @@ _GRID_CACHE: OrderedDict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]
 _GRID_CACHE_MAX_VALUES = 1 << 20  # 24 MiB of int32 / fp32 tables per process at the most
 _grid_cache_values = 0
 # Rows are gathered, weighted and summed one corner at a time, in steps of about this many elements: a step's rows
-# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. On the
-# CPU, 2^16 to 2^18 measure alike at hidden 16 and 1152 (benchmarks/pos_embed.py --sweep-blocks).
+# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. A step
+# holds at least _MIN_STEP_ROWS rows, since at small hidden sizes the ~11 ops per step cost more than their work.
+# Measured on the CPU, forward, 16 and 64 images: 2^17 elements best at hidden 1152, 2^14 rows at hidden 16
+# (benchmarks/pos_embed.py --sweep-steps).
 _STEP_ELEMENTS = {"cpu": 1 << 17}
 _DEFAULT_STEP_ELEMENTS = 1 << 22
+_MIN_STEP_ROWS = 1 << 14
 # Corner indices and weights (48 bytes a patch) are built for this many patches at once: few enough calls that their
 # ~20 small ops vanish in the cost, and a bounded buffer (1.5 MiB) on any grid.
 _CHUNK_PATCHES = 1 << 15
@@ -165,24 +168,27 @@ def _corners(tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor) -> tup
     return indices, weights
 
 
-def _chunks(
-    tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor
-) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Yield (first patch, corner indices, corner weights) for runs of _CHUNK_PATCHES patches, in order."""
-    for start in range(0, rows.numel(), _CHUNK_PATCHES):
-        stop = start + _CHUNK_PATCHES
-        yield (start, *_corners(tables, rows[start:stop], cols[start:stop]))
+def _steps(
+    target: torch.Tensor, tables: _GridTables, rows: torch.Tensor, cols: torch.Tensor, step: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Yield (``target``'s rows, corner indices (4, n), corner weights (4, n, 1)) for runs of ``step`` patches, in
+    order. Corners are built _CHUNK_PATCHES at a time and the views made in bulk: slicing each step in Python would
+    cost about a tenth of the call at hidden 1152."""
+    for first in range(0, rows.numel(), _CHUNK_PATCHES):
+        indices, weights = _corners(tables, rows[first : first + _CHUNK_PATCHES], cols[first : first + _CHUNK_PATCHES])
+        targets = target[first : first + indices.shape[1]].split(step)
+        yield from zip(targets, indices.split(step, 1), weights[:, :, None].split(step, 1), strict=True)
 
 
 def _step_rows(hidden: int, device: torch.device) -> int:
-    return max(1, _STEP_ELEMENTS.get(device.type, _DEFAULT_STEP_ELEMENTS) // max(hidden, 1))
+    return max(_MIN_STEP_ROWS, _STEP_ELEMENTS.get(device.type, _DEFAULT_STEP_ELEMENTS) // max(hidden, 1))
 
 
 class _BilinearGather(torch.autograd.Function):
     """out[r] = sum_c table[corner c of patch r] * weight[c, r] for the first frame of each item; ``frame_rows``
     (when given) then copies first-frame rows to every frame.
 
-    Only the per-block grid positions are kept for backward: corner indices and weights are rebuilt a chunk at a time
+    Only the patches' grid positions are kept for backward: corner indices and weights are rebuilt a chunk at a time
     when needed, so neither they nor the gathered rows ever exist for the whole output. Forward rounds the fp32
     weights to the table's dtype, then multiplies and adds in upstream's order and dtype (bit-identical results; a
     fused multiply-add, as in ``addcmul``, would round once instead of twice). Backward scatters ``grad * weight``
@@ -202,15 +208,12 @@ class _BilinearGather(torch.autograd.Function):
         step = _step_rows(hidden, table.device)
         out = table.new_empty(num_rows, hidden)
         corner = table.new_empty(min(step, num_rows), hidden)
-        for first, indices, weights in _chunks(tables, rows, cols):
-            weights = weights.to(table.dtype)
-            for start in range(0, indices.shape[1], step):
-                stop = min(start + step, indices.shape[1])
-                acc = out[first + start : first + stop]
-                torch.index_select(table, 0, indices[0, start:stop], out=acc).mul_(weights[0, start:stop, None])
-                for c in (1, 2, 3):  # upstream's order: ((p0 + p1) + p2) + p3
-                    part = torch.index_select(table, 0, indices[c, start:stop], out=corner[: stop - start])
-                    acc.add_(part.mul_(weights[c, start:stop, None]))
+        for acc, indices, weights in _steps(out, tables, rows, cols, step):
+            index, weight = indices.unbind(), weights.to(table.dtype).unbind()
+            part = corner if len(acc) == step else corner[: len(acc)]
+            torch.index_select(table, 0, index[0], out=acc).mul_(weight[0])
+            for c in (1, 2, 3):  # upstream's order: ((p0 + p1) + p2) + p3
+                acc.add_(torch.index_select(table, 0, index[c], out=part).mul_(weight[c]))
         ctx.save_for_backward(rows, cols, frame_rows)
         ctx.tables, ctx.table_shape, ctx.table_dtype = tables, table.shape, table.dtype
         return out if frame_rows is None else out.index_select(0, frame_rows)
@@ -224,16 +227,12 @@ class _BilinearGather(torch.autograd.Function):
         hidden = grad_out.shape[1]
         step = _step_rows(hidden, grad_out.device)
         grad = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad_out.device)
-        for first, indices, weights in _chunks(ctx.tables, rows, cols):
-            for start in range(0, indices.shape[1], step):
-                stop = min(start + step, indices.shape[1])
-                g = grad_out[None, first + start : first + stop].float()
-                contributions = (g * weights[:, start:stop, None]).view(-1, hidden)
-                scattered = indices[:, start:stop].reshape(-1)
-                if hidden < _INDEX_PUT_BELOW_HIDDEN:
-                    grad.index_put_((scattered,), contributions, accumulate=True)
-                else:
-                    grad.index_add_(0, scattered, contributions)
+        for g, indices, weights in _steps(grad_out, ctx.tables, rows, cols, step):
+            contributions = (g.float() * weights).view(-1, hidden)
+            if hidden < _INDEX_PUT_BELOW_HIDDEN:
+                grad.index_put_((indices.reshape(-1),), contributions, accumulate=True)
+            else:
+                grad.index_add_(0, indices.reshape(-1), contributions)
         return grad.to(ctx.table_dtype), None, None, None, None
 
 
