@@ -183,27 +183,24 @@ def main() -> None:
 
 
 def sweep_steps(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
-    """The step-size study: forward, fp32, geo3k-like images, ratios against verl for steps of 2^k elements (no
-    floor on the rows) and for the shipped policy (2^17 elements, at least 2^14 rows)."""
+    """The step-size study: forward, fp32, geo3k-like images, ratios against verl for steps of 2^k elements."""
     from verl_qwen3vl_plugin.models import qwen3_vl
 
-    shipped = qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS
+    default = qwen3_vl._STEP_ELEMENTS["cpu"]
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")
     for hidden in (1152, 16):
         for images in (16, 64):
             model, grid = tower(hidden, torch.float32), torch.tensor(geo3k_like(images))
-            times: dict[int | str, list[float]] = {"verl": [], "shipped": [], **{k: [] for k in sizes}}
+            times: dict[int | str, list[float]] = {"verl": [], **{k: [] for k in sizes}}
             for _ in range(repeats + 1):  # the first round warms up
                 for key in times:
-                    elements, min_rows = shipped if key in ("verl", "shipped") else (1 << key, 1)
-                    qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS = elements, min_rows
+                    if key != "verl":
+                        qwen3_vl._STEP_ELEMENTS["cpu"] = 1 << key
                     fn = impls["verl"] if key == "verl" else impls["plugin"]
                     times[key].append(run_once(fn, model, grid, False, None))
-            qwen3_vl._STEP_ELEMENTS["cpu"], qwen3_vl._MIN_STEP_ROWS = shipped
+            qwen3_vl._STEP_ELEMENTS["cpu"] = default
             med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
-            ratios = "  ".join(
-                f"{k if k == 'shipped' else f'2^{k}'}: {med['verl'] / med[k]:5.2f}x" for k in med if k != "verl"
-            )
+            ratios = "  ".join(f"2^{k}: {med['verl'] / med[k]:5.2f}x" for k in sizes)
             print(f"  hidden {hidden:4}, {images:2} images (verl {med['verl']:.3f} s): {ratios}", flush=True)
 
 

@@ -49,13 +49,11 @@ _GRID_CACHE: OrderedDict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]
 _GRID_CACHE_MAX_VALUES = 1 << 20  # 24 MiB of int32 / fp32 tables per process at the most
 _grid_cache_values = 0
 # Rows are gathered, weighted and summed one corner at a time, in steps of about this many elements: a step's rows
-# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. A step
-# holds at least _MIN_STEP_ROWS rows, since at small hidden sizes the ~11 ops per step cost more than their work.
-# Measured on the CPU, forward, 16 and 64 images: 2^17 elements best at hidden 1152, 2^14 rows at hidden 16
+# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. On the
+# CPU, forward, 16 and 64 images: 2^16 to 2^17 best at hidden 1152, 2^17 to 2^19 alike at hidden 16
 # (benchmarks/pos_embed.py --sweep-steps).
 _STEP_ELEMENTS = {"cpu": 1 << 17}
 _DEFAULT_STEP_ELEMENTS = 1 << 22
-_MIN_STEP_ROWS = 1 << 14
 # Corner indices and weights (48 bytes a patch) are built for this many patches at once: few enough calls that their
 # ~20 small ops vanish in the cost, and a bounded buffer (1.5 MiB) on any grid.
 _CHUNK_PATCHES = 1 << 15
@@ -181,7 +179,7 @@ def _steps(
 
 
 def _step_rows(hidden: int, device: torch.device) -> int:
-    return max(_MIN_STEP_ROWS, _STEP_ELEMENTS.get(device.type, _DEFAULT_STEP_ELEMENTS) // max(hidden, 1))
+    return max(1, _STEP_ELEMENTS.get(device.type, _DEFAULT_STEP_ELEMENTS) // max(hidden, 1))
 
 
 class _BilinearGather(torch.autograd.Function):
