@@ -36,26 +36,28 @@ def references() -> dict[str, Callable]:
     return references
 
 
-def forward_check(impl: Callable, reference: Callable, name: str, grid: list, dtype: torch.dtype) -> Check:
+def forward_check(
+    impl: Callable, reference: Callable, name: str, grid: list, dtype: torch.dtype, hidden: int = 32
+) -> Check:
     """Outputs must be bit-identical."""
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
-    tower = vision_tower(dtype=dtype)
+    tower = vision_tower(hidden=hidden, dtype=dtype)
     grid_thw = torch.tensor(grid)
     out, expected = impl(tower, grid_thw), reference(tower, grid_thw)
     same = out.shape == expected.shape and torch.equal(out, expected)
     return Check(f"pos_embed {dtype} vs {name}", same, "bit-identical" if same else "outputs differ")
 
 
-def gradient_check(impl: Callable, reference: Callable, name: str, grid: list) -> Check:
+def gradient_check(impl: Callable, reference: Callable, name: str, grid: list, hidden: int = 32) -> Check:
     """The table's fp32 gradient within GRAD_RTOL of the largest gradient entry."""
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     grid_thw = torch.tensor(grid)
-    grad_out = torch.randn(int(grid_thw.prod(-1).sum()), 32, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.randn(int(grid_thw.prod(-1).sum()), hidden, generator=torch.Generator().manual_seed(1))
     grads = []
     for fn in (impl, reference):
-        tower = vision_tower()
+        tower = vision_tower(hidden=hidden)
         fn(tower, grid_thw).backward(grad_out)
         grads.append(tower.pos_embed.weight.grad)
     diff = float((grads[0] - grads[1]).abs().max() / grads[1].abs().max())
