@@ -202,9 +202,10 @@ def sweep_steps(impls: dict[str, Callable], sizes: list[int], repeats: int) -> N
             med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
             ratios = "  ".join(f"2^{k}: {med['verl'] / med[k]:5.2f}x" for k in sizes)
             floor = first_write(int(grid.prod(-1).sum()), hidden, repeats)
+            best = min(sizes, key=med.__getitem__)
             print(
-                f"  hidden {hidden:4}, {images:2} images (verl {med['verl']:.3f} s, plugin at 2^{sizes[0]} "
-                f"{med[sizes[0]]:.3f} s, first write of the output {floor:.3f} s): {ratios}",
+                f"  hidden {hidden:4}, {images:2} images (verl {med['verl'] * 1e3:.1f} ms, plugin at 2^{best} "
+                f"{med[best] * 1e3:.1f} ms, first write of the output {floor * 1e3:.1f} ms): {ratios}",
                 flush=True,
             )
 
