@@ -48,14 +48,14 @@ class _GridTables(NamedTuple):
 _GRID_CACHE: OrderedDict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = OrderedDict()
 _GRID_CACHE_MAX_VALUES = 1 << 20  # 24 MiB of int32 / fp32 tables per process at the most
 _grid_cache_values = 0
-# Rows are gathered, weighted and summed one corner at a time, in steps of about this many elements: a step's rows
-# stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one corner. On the
-# CPU, forward, 16 and 64 images: 2^16 to 2^17 best at hidden 1152, 2^17 to 2^19 alike at hidden 16
+# Rows are gathered, weighted and summed one corner at a time, in steps of about this many elements: small enough for
+# a step's rows to stay in the CPU's L2 cache between the four corners' passes, and the only buffer is one step of one
+# corner. On the CPU, forward, 16 and 64 images: 2^16 to 2^17 best at hidden 1152, 2^17 to 2^19 alike at hidden 16
 # (benchmarks/pos_embed.py --sweep-steps).
 _STEP_ELEMENTS = {"cpu": 1 << 17}
 _DEFAULT_STEP_ELEMENTS = 1 << 22
-# Corner indices and weights (48 bytes a patch) are built for this many patches at once: few enough calls that their
-# ~20 small ops vanish in the cost, and a bounded buffer (1.5 MiB) on any grid.
+# Corner indices and weights (32 bytes a patch, as much again while they are built) are built for this many patches
+# at once: few enough calls that their ~20 small ops vanish in the cost, and bounded buffers (2 MiB) on any grid.
 _CHUNK_PATCHES = 1 << 15
 # Scattering the gradient: index_put_(accumulate=True) beats index_add_ on short rows (2.4x at hidden 16 on the CPU),
 # index_add_ wins on long ones (1.6x at hidden 1152).
