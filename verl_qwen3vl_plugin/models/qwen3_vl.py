@@ -207,8 +207,7 @@ class _BilinearGather(torch.autograd.Function):
         out = table.new_empty(num_rows, hidden)
         corner = table.new_empty(min(step, num_rows), hidden)
         for acc, indices, weights in _steps(out, tables, rows, cols, step):
-            index, weight = indices.unbind(), weights.to(table.dtype).unbind()
-            part = corner if len(acc) == step else corner[: len(acc)]
+            index, weight, part = indices.unbind(), weights.to(table.dtype).unbind(), corner[: len(acc)]
             torch.index_select(table, 0, index[0], out=acc).mul_(weight[0])
             for c in (1, 2, 3):  # upstream's order: ((p0 + p1) + p2) + p3
                 acc.add_(torch.index_select(table, 0, index[c], out=part).mul_(weight[c]))
