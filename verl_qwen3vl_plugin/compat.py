@@ -24,8 +24,8 @@ def dist_version(name: str) -> Version | None:
         return None
 
 
-def module_source(name: str) -> str | None:
-    """Source text of an installed module, located without importing it or its packages (None if not found)."""
+def module_path(name: str) -> Path | None:
+    """The file of an installed module, located without importing it or its packages (None if there is none)."""
     top, *rest = name.split(".")
     try:
         spec = importlib.util.find_spec(top)
@@ -41,8 +41,17 @@ def module_source(name: str) -> str | None:
             if not path.is_file():
                 path = Path(location, *rest, "__init__.py")
         if path.is_file():
-            return path.read_text(encoding="utf-8")
+            return path
     return None
+
+
+def module_source(name: str) -> str | None:
+    """Source text of an installed module, read without importing it (None if not found or unreadable)."""
+    path = module_path(name)
+    try:
+        return path.read_text(encoding="utf-8") if path is not None else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:

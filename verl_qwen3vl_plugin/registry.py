@@ -74,6 +74,8 @@ class Target(NamedTuple):
     module: str
     decide: Callable[[ast.Module], Decision]  # from the module's parsed source, without importing it
     apply: Callable[[ModuleType], None]  # called with the imported module when the verdict is APPLY
+    # The verdict where the module does not exist, from what upstream has instead; None: unrecognized.
+    absent: Callable[[], Decision] | None = None
 
 
 class Patch(NamedTuple):
@@ -140,11 +142,14 @@ def decide(patch: Patch, target: Target, source: str | None) -> Decision:
 
     Fails closed: unreadable or unparsable source is ``unrecognized``, like a shape the probe does not know.
     """
+    from verl_qwen3vl_plugin import compat
     from verl_qwen3vl_plugin.patches import NAMES
 
     if patch.name in disabled_patches(NAMES):
         return Decision(Verdict.DISABLED, f"listed in {DISABLE_ENV}")
     if source is None:
+        if target.absent is not None and compat.module_path(target.module) is None:
+            return target.absent()
         return Decision(Verdict.UNRECOGNIZED, f"the source of {target.module} cannot be read")
     try:
         tree = ast.parse(source)

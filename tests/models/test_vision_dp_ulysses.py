@@ -18,7 +18,7 @@ CASES = {  # the child's cases, as patch counts per tower call (images, then vid
     "mixed": [[24, 4, 64, 16]],
     "fewer_images": [[16]],
     "large": [[4, 256, 8, 8]],
-    "video": [[16], [32]],
+    "video": [[16, 32]],  # the image and the video in one tower call (qwen3_vl_single_vision_call)
     "text_only": [[16]],  # verl's own dummy image for a text-only micro-batch
 }
 DUMMY = VISION["spatial_merge_size"] ** 2  # what a rank without an image runs

@@ -8,16 +8,24 @@ rank. Each rank runs the tower once on its run, or on a one-token dummy image wh
 the same calls (under FSDP each is a collective). The merged embeddings and the deepstack features travel in one
 all-gather, back into the original order; its backward sums the gradient over the group and gives each rank the
 rows it computed. The tower's parameter gradients, once FSDP averages them over the group, equal verl's.
+Fails closed: the split is only right if every rank of the group holds the same images, so the group first agrees on
+what it holds (one small all-gather: image count, patch count, a checksum of ``grid_thw``); on a mismatch every rank
+raises the same ``RuntimeError`` instead of hanging in a mis-sized gather.
 When it applies, and when it can be removed: the ``qwen3_vl_vision_dp`` spec (``patches/qwen3_vl_vision_dp.py``).
 """
 
 from __future__ import annotations
 
+import logging
+import zlib
 from collections.abc import Callable
+from functools import cache
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 def assign(patches: list[int], ranks: int) -> list[tuple[int, int]]:
@@ -97,19 +105,50 @@ def _rebuild_output(output, embeds: torch.Tensor, deepstack: list[torch.Tensor])
     return type(output)(pooler_output=embeds, deepstack_features=deepstack)
 
 
+def agree_on_inputs(grid: list[list[int]], group: dist.ProcessGroup, device: torch.device) -> None:
+    """Raise the same ``RuntimeError`` on every rank of ``group`` unless all hold the same ``grid`` (its rows)."""
+    summary = [len(grid), sum(t * h * w for t, h, w in grid), zlib.crc32(repr(grid).encode())]
+    local = torch.tensor(summary, dtype=torch.int64, device=device)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local, group=group)
+    seen = torch.stack(parts).tolist()
+    if any(s != seen[0] for s in seen):
+        held = "; ".join(
+            f"rank {dist.get_global_rank(group, r)}: {n} images, {p} patches, grid_thw crc32 {c}"
+            for r, (n, p, c) in enumerate(seen)
+        )
+        raise RuntimeError(
+            "vision DP: the ranks of one Ulysses group hold different images, so they cannot split them "
+            f"({held}); every rank of a Ulysses group must get the same micro-batch"
+        )
+
+
+@cache
+def _warn_fallback(reason: str) -> None:
+    logger.warning("verl-qwen3vl-plugin: vision DP falls back to the whole tower on every rank: %s", reason)
+
+
 def vision_dp_forward(upstream: Callable) -> Callable:
     """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank."""
 
     def forward(self: nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
         group, size, rank = ulysses_group()
-        # kwargs may carry per-image precomputed tables (transformers 5) that a share cannot be cut from.
-        if group is None or kwargs:
+        if group is None:
             return upstream(self, hidden_states, grid_thw, **kwargs)
-        patches = grid_thw.prod(-1).tolist()
+        if kwargs:  # per-image precomputed tables (transformers 5) that a share cannot be cut from
+            _warn_fallback(f"the call passes {sorted(kwargs)}, which cannot be split by image")
+            return upstream(self, hidden_states, grid_thw, **kwargs)
+        grid = grid_thw.tolist()
+        agree_on_inputs(grid, group, hidden_states.device)
+        patches = [t * h * w for t, h, w in grid]
         runs = assign(patches, size)
         merge = self.spatial_merge_size**2
         start, end = runs[rank]
         first = sum(patches[:start])
+        logger.debug(
+            "vision DP: rank %d of %d runs images [%d, %d) of %d: %d of %d patches", rank, size, start, end,
+            len(patches), sum(patches[start:end]), sum(patches),
+        )  # fmt: skip
         if end > start:
             local = upstream(self, hidden_states[first : first + sum(patches[start:end])], grid_thw[start:end])
         else:  # a one-token image, so this rank makes the tower call every other rank makes

@@ -1,0 +1,69 @@
+"""One vision-tower call per micro-batch: the plugin's ``get_input_embeds`` against verl's ``_get_input_embeds`` in
+one process (``selftest.vision_call``), then two FSDP2 ranks holding different media through verl's own forward
+(``tests/_child/mixed_media_fsdp2.py``), with the patch and, as the negative control, without it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.helpers import VERL, child_json, last_json, run_child
+from verl_qwen3vl_plugin.selftest import vision_call
+
+FSDP_CASES = ["image_video_vs_images", "image_video_vs_text", "video_vs_image"]
+HANG_CASES = FSDP_CASES[:2]  # where verl's own forward makes two tower calls on rank 0 and one on rank 1
+OFF = {"VERL_QWEN3VL_PLUGIN_DISABLE": "qwen3_vl_single_vision_call"}
+LOG_PROB_ATOL, GRAD_RTOL = 1e-5, 1e-5
+# The negative control's bounds: gloo's collective timeout, and the wall-clock limit of the two ranks.
+COLLECTIVE_TIMEOUT_S, WALL_TIMEOUT_S = 10, 60
+
+
+@pytest.mark.parametrize("name", list(vision_call.CASES))
+def test_one_call_matching_verl(name):
+    check = vision_call.compare(name, vision_call.CASES[name])
+    assert check.ok, check
+
+
+def test_token_count_mismatch_still_raises():
+    check = vision_call.token_mismatch()
+    assert check.ok, check
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_fsdp2_ranks_with_different_media_make_equal_calls_and_match_alone(kind):
+    results = child_json("mixed_media_fsdp2.py", kind, ",".join(FSDP_CASES), "fsdp", timeout=900)
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors[0]
+    for r in results:
+        assert r["statuses"]["qwen3_vl_single_vision_call"] == "applied", r
+        for case in FSDP_CASES:
+            assert r[case]["visual_calls_alone"] == r[case]["visual_calls_fsdp"] == 1, (case, r)
+            assert r[case]["log_prob_diff"] <= LOG_PROB_ATOL and r[case]["grad_rel_diff"] <= GRAD_RTOL, (case, r)
+
+
+def _unpatched(case: str) -> list[dict]:
+    limits = (str(COLLECTIVE_TIMEOUT_S), str(WALL_TIMEOUT_S))
+    proc = run_child("mixed_media_fsdp2.py", "dense", case, "fsdp", *limits, env=OFF, timeout=WALL_TIMEOUT_S + 120)
+    return last_json(proc)
+
+
+@pytest.mark.skipif(
+    VERL.release not in ((0, 7, 1), (0, 9, 1)), reason="the two verl code paths (0.7's actor, 0.9's engine) suffice"
+)
+def test_negative_control_without_the_patch_ranks_make_different_calls_and_fail():
+    """verl's own forward, bounded: both cases run at once (their ranks mostly wait), beside the passes alone."""
+    with ThreadPoolExecutor(len(HANG_CASES) + 1) as pool:
+        alone = pool.submit(child_json, "mixed_media_fsdp2.py", "dense", ",".join(HANG_CASES), "alone", env=OFF)
+        outcomes = dict(zip(HANG_CASES, pool.map(_unpatched, HANG_CASES), strict=True))
+        alone = alone.result(timeout=600)
+    for case, results in outcomes.items():
+        assert [r[case]["visual_calls_alone"] for r in alone] == [2, 1], (case, alone)
+        assert all("error" in r for r in results), (case, results)  # one rank aborts, its peer loses it
+
+
+def test_unpatched_video_against_image_is_not_a_hang_case():
+    """One call on each rank with verl's own forward too: the patch changes nothing there."""
+    for r in child_json("mixed_media_fsdp2.py", "dense", "video_vs_image", "fsdp", env=OFF, timeout=600):
+        assert r["statuses"]["qwen3_vl_single_vision_call"] == "disabled", r
+        assert r["video_vs_image"]["visual_calls_fsdp"] == 1, r

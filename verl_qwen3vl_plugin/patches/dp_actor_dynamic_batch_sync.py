@@ -1,0 +1,174 @@
+"""Patch ``dp_actor_dynamic_batch_sync``: verl 0.7.1's legacy FSDP actor and critic agree on the micro-batch count
+across ranks with ``use_dynamic_bsz``.
+
+Not specific to Qwen3-VL, but it is Qwen3-VL runs that hit it: a rank's token count is its images' patch count, so
+ranks of one step hold very different lengths, and dynamic batching splits them into different numbers of
+micro-batches. Each micro-batch is a forward (and backward) of the FSDP model, a collective: a rank that makes one
+more hangs the group. verl 0.7.1 is also the Ascend stack, and the plugin's recipe runs ``use_dynamic_bsz``.
+
+Targets: verl's ``dp_actor`` and ``dp_critic`` modules, which bind ``prepare_dynamic_batch`` at import: their name is
+replaced by one that passes the default group when the caller passes none, as verl 0.7.0 did.
+
+Known shapes (the probes' whole knowledge):
+- affected, verl 0.7.1: ``rearrange_micro_batches`` syncs the count only ``if ... dp_group is not None``, and
+  ``DataParallelPPOActor.compute_log_prob`` / ``update_policy`` (``DataParallelPPOCritic.compute_values`` /
+  ``update_critic``) call ``prepare_dynamic_batch(data, max_token_len=...)`` without one;
+- fixed upstream, verl 0.7.0: ``rearrange_micro_batches`` all-reduces the count over ``group=dp_group`` with no
+  such guard (None: the default group);
+- fixed upstream, any verl whose legacy callers pass ``dp_group``;
+- not used, verl >= 0.8: no legacy ``dp_actor`` / ``dp_critic`` modules, and the FSDP engine passes its DP group to
+  ``prepare_micro_batches``, which hands it to ``rearrange_micro_batches`` (verl#5591).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+
+BALANCING = "verl.utils.seqlen_balancing"
+FUNCTION = "prepare_dynamic_batch"
+SPLITTER = "rearrange_micro_batches"
+CALLERS = {  # the legacy module -> its class and the methods that split a batch
+    "verl.workers.actor.dp_actor": ("DataParallelPPOActor", ("compute_log_prob", "update_policy")),
+    "verl.workers.critic.dp_critic": ("DataParallelPPOCritic", ("compute_values", "update_critic")),
+}
+ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+ENGINE_UTILS = "verl.workers.engine.utils"
+
+
+def _parse(module: str) -> ast.Module | None:
+    try:
+        return ast.parse(compat.module_source(module) or "")
+    except SyntaxError:
+        return None
+
+
+def _calls_to(node: ast.AST, name: str) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call)
+        and (
+            (isinstance(n.func, ast.Name) and n.func.id == name)
+            or (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+        )
+    ]
+
+
+def _passes_group(call: ast.Call, position: int) -> bool:
+    return len(call.args) > position or any(k.arg == "dp_group" for k in call.keywords)
+
+
+def _guards_on_group(func: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Compare) and ast.unparse(n) == "dp_group is not None" for n in ast.walk(func))
+
+
+def decide_balancing() -> Decision:
+    """What verl's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one."""
+    tree = _parse(BALANCING)
+    prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
+    if prepare is None or split is None:
+        return Decision(Verdict.UNRECOGNIZED, f"{BALANCING} lacks {FUNCTION} or {SPLITTER}")
+    if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
+    if not any(any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
+               for c in _calls_to(prepare, SPLITTER)):  # fmt: skip
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
+    reduces = [
+        c
+        for c in _calls_to(split, "all_reduce")
+        if any(k.arg == "group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
+    ]
+    if len(reduces) != 1:
+        return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} does not all-reduce the count over dp_group once")
+    if _guards_on_group(split):
+        return Decision(Verdict.APPLY, f"{SPLITTER} syncs the micro-batch count only when given a dp_group")
+    return Decision(Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group")
+
+
+def decide_caller(module: str, tree: ast.Module) -> Decision:
+    cls_name, methods = CALLERS[module]
+    cls = compat.find_class(tree, cls_name)
+    imported = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == BALANCING
+        and any(a.name == FUNCTION and not a.asname for a in n.names)
+        for n in tree.body
+    )
+    calls = [c for method in methods for c in _calls_to(compat.find_function(cls, method) or ast.Pass(), FUNCTION)]
+    if cls is None or not imported or len(calls) != len(methods):
+        return Decision(
+            Verdict.UNRECOGNIZED, f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})"
+        )
+    if all(_passes_group(c, 2) for c in calls):
+        return Decision(Verdict.FIXED_UPSTREAM, f"{cls_name} passes dp_group to {FUNCTION}")
+    if any(_passes_group(c, 2) for c in calls):
+        return Decision(Verdict.UNRECOGNIZED, f"{cls_name} passes dp_group to {FUNCTION} in some calls only")
+    balancing = decide_balancing()
+    if balancing.verdict is Verdict.APPLY:
+        return Decision(Verdict.APPLY, f"{cls_name}.{'/'.join(methods)} pass no dp_group and {balancing.reason}")
+    return balancing
+
+
+def decide_engine() -> Decision:
+    """verl >= 0.8, where the legacy modules are gone: the FSDP engine's split must be given its DP group."""
+    engine, utils = _parse(ENGINE), _parse(ENGINE_UTILS)
+    prepare = compat.find_function(utils, "prepare_micro_batches") if utils else None
+    hands_on = prepare is not None and any(
+        any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
+        for c in _calls_to(prepare, SPLITTER)
+    )
+    method = compat.find_function(compat.find_class(engine, "FSDPEngine"), "forward_backward_batch") if engine else None
+    calls = _calls_to(method, "prepare_micro_batches") if method else []
+    if hands_on and calls and all(any(k.arg == "dp_group" for k in c.keywords) for c in calls):
+        return Decision(
+            Verdict.NOT_USED, "no legacy FSDP actor/critic; the FSDP engine passes its DP group (verl#5591)"
+        )
+    return Decision(Verdict.UNRECOGNIZED, "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's")
+
+
+def _with_default_group(prepare: Callable) -> Callable:
+    def prepare_dynamic_batch(*args, **kwargs):
+        """verl's ``prepare_dynamic_batch``, given the default group when the caller passes none (verl 0.7.0's
+        behaviour), so that every rank makes as many micro-batches as the rank that needs the most."""
+        import torch.distributed as dist
+
+        if len(args) < 3 and kwargs.get("dp_group") is None and dist.is_initialized():
+            kwargs["dp_group"] = dist.group.WORLD
+        return prepare(*args, **kwargs)
+
+    prepare_dynamic_batch.__wrapped__ = prepare
+    return prepare_dynamic_batch
+
+
+def _apply(module: ModuleType) -> None:
+    current = getattr(module, FUNCTION)
+    if current.__module__ != __name__:
+        setattr(module, FUNCTION, _with_default_group(current))
+
+
+PATCH = Patch(
+    name="dp_actor_dynamic_batch_sync",
+    group=MODEL,
+    targets=tuple(
+        Target(module, lambda tree, module=module: decide_caller(module, tree), _apply, decide_engine)
+        for module in CALLERS
+    ),
+    devices=None,
+    why=(
+        "With use_dynamic_bsz, verl 0.7.1's FSDP actor and critic split each rank's batch by its own token count "
+        "and never agree on the number of micro-batches: a rank with large images makes more forward passes than "
+        "its peers, and FSDP hangs on the first pass the others never make."
+    ),
+    how=(
+        "prepare_dynamic_batch, as dp_actor and dp_critic call it, is given the default process group when the "
+        "caller passes none, so verl's own split all-reduces the count (MAX) as verl 0.7.0 did."
+    ),
+    upstream=("verl#6176", "verl#6178", "verl#5591"),
+    remove_when="verl 0.7.1 is not among the verl releases you run (0.7.0 and 0.8+ agree on the count).",
+    selftest="verl_qwen3vl_plugin.selftest.dynamic_batch",
+)

@@ -1,0 +1,122 @@
+"""Patch ``qwen3_vl_single_vision_call``: verl's Qwen3-VL(-MoE) forward calls the vision tower once per micro-batch,
+whatever the micro-batch holds.
+
+Target: verl's ``verl.models.transformers.qwen3_vl``. ``apply_monkey_patch`` makes ``qwen3_vl_base_forward`` the
+forward of ``Qwen3VLModel`` and ``Qwen3VLMoeModel`` (verl 0.7.0 to 0.9.1, every device), and that forward looks up
+the module's ``_get_input_embeds`` at each call: replacing the module's name is enough, before or after
+``apply_monkey_patch``.
+
+Known shapes (the probe's whole knowledge):
+- affected, verl 0.7.0 to 0.9.1: ``_get_input_embeds(model, input_ids, attention_mask, pixel_values,
+  pixel_values_videos, image_grid_thw, video_grid_thw)`` with one ``model.visual(...)`` call under ``if pixel_values
+  is not None``, one under ``if pixel_values_videos is not None`` and the text-only dummy (three in all), returning
+  the dict of ``inputs_embeds``, ``attention_mask``, ``visual_pos_masks`` and ``deepstack_visual_embeds``;
+- fixed: no upstream release has one yet, so any other shape is ``unrecognized``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+
+TARGET = "verl.models.transformers.qwen3_vl"
+FUNCTION = "_get_input_embeds"
+CALLER = "qwen3_vl_base_forward"
+PARAMETERS = [
+    "model", "input_ids", "attention_mask", "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
+]  # fmt: skip
+OUTPUTS = {"inputs_embeds", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds"}
+
+# verl's own function, kept before it was replaced in this process (the self-test compares against it).
+_upstream: dict[str, Callable] = {}
+
+
+def _tower_calls(node: ast.AST) -> int:
+    """How many ``model.visual(...)`` calls ``node`` holds."""
+    return sum(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "visual"
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "model"
+        for n in ast.walk(node)
+    )
+
+
+def _branch(func: ast.FunctionDef, name: str) -> ast.If | None:
+    """The top-level ``if <name> is not None:`` of ``func``."""
+    for node in func.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == f"{name} is not None":
+            return node
+    return None
+
+
+def _returns_outputs(func: ast.FunctionDef) -> bool:
+    returns = [n.value for n in ast.walk(func) if isinstance(n, ast.Return)]
+    return (
+        len(returns) == 1
+        and isinstance(returns[0], ast.Dict)
+        and {k.value for k in returns[0].keys if isinstance(k, ast.Constant)} == OUTPUTS
+    )
+
+
+def decide(tree: ast.Module) -> Decision:
+    func = compat.find_function(tree, FUNCTION)
+    if func is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {FUNCTION} in {TARGET}")
+    if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
+    caller = compat.find_function(tree, CALLER)
+    if caller is None or not any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == FUNCTION for n in ast.walk(caller)
+    ):
+        return Decision(Verdict.UNRECOGNIZED, f"{CALLER} does not call the module's {FUNCTION}")
+    if not _returns_outputs(func):
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not return the dict of {sorted(OUTPUTS)}")
+    image, video = _branch(func, "pixel_values"), _branch(func, "pixel_values_videos")
+    calls = tuple(_tower_calls(node) if node is not None else 0 for node in (image, video, func))
+    if calls == (1, 1, 3):
+        return Decision(
+            Verdict.APPLY, f"{FUNCTION} calls the tower for images and again for videos: two calls on a mixed batch"
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED, f"{FUNCTION} does not call model.visual as verl 0.7.0 to 0.9.1 do (image, video, dummy)"
+    )
+
+
+def upstream_function(module: ModuleType) -> Callable:
+    """verl's own ``_get_input_embeds``, even after the plugin replaced it."""
+    return _upstream.get(module.__name__, getattr(module, FUNCTION))
+
+
+def _apply(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.models.qwen3_vl_input_embeds import get_input_embeds
+
+    _upstream.setdefault(module.__name__, getattr(module, FUNCTION))
+    setattr(module, FUNCTION, get_input_embeds)
+
+
+PATCH = Patch(
+    name="qwen3_vl_single_vision_call",
+    group=MODEL,
+    targets=(Target(TARGET, decide, _apply),),
+    devices=None,
+    why=(
+        "verl's Qwen3-VL forward calls the vision tower once for a micro-batch's images and once more for its "
+        "videos. Under FSDP each call is a collective, so a rank whose micro-batch mixes an image and a video makes "
+        "two calls while its peers make one: the run hangs (NCCL), exchanges wrong parameters, or fails (gloo)."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.models.qwen3_vl_input_embeds.get_input_embeds replaces verl's _get_input_embeds: "
+        "images and videos through the tower in one call, split back and scattered as verl does; text-only keeps "
+        "verl's one dummy call; one host sync."
+    ),
+    upstream=("verl#7323", "verl#3491"),
+    remove_when="verl's Qwen3-VL _get_input_embeds makes one vision-tower call per micro-batch in the oldest verl "
+    "you run.",
+    selftest="verl_qwen3vl_plugin.selftest.vision_call",
+)
