@@ -131,7 +131,7 @@ def decide_engine() -> Decision:
     return Decision(Verdict.UNRECOGNIZED, "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's")
 
 
-def _with_default_group(prepare: Callable) -> Callable:
+def with_default_group(prepare: Callable) -> Callable:
     def prepare_dynamic_batch(*args, **kwargs):
         """verl's ``prepare_dynamic_batch``, given the default group when the caller passes none (verl 0.7.0's
         behaviour), so that every rank makes as many micro-batches as the rank that needs the most."""
@@ -148,7 +148,7 @@ def _with_default_group(prepare: Callable) -> Callable:
 def _apply(module: ModuleType) -> None:
     current = getattr(module, FUNCTION)
     if current.__module__ != __name__:
-        setattr(module, FUNCTION, _with_default_group(current))
+        setattr(module, FUNCTION, with_default_group(current))
 
 
 PATCH = Patch(

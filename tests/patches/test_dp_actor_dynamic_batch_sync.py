@@ -1,0 +1,88 @@
+"""``dp_actor_dynamic_batch_sync``: its decisions on the installed verl and on edits of verl 0.7.1's source, verl's own
+``prepare_dynamic_batch`` on two ranks (``selftest.dynamic_batch``), and verl 0.7.x's real actor with dynamic
+batching on two FSDP2 ranks (``tests/_child/dynamic_batch_actor.py``), with the patch and without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import VERL, child_json, last_json, run_child
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.patches import dp_actor_dynamic_batch_sync as sync
+from verl_qwen3vl_plugin.registry import Verdict, decide
+from verl_qwen3vl_plugin.selftest import dynamic_batch
+
+PATCH = sync.PATCH
+ACTOR, CRITIC = PATCH.targets
+LEGACY = VERL.release[:2] == (0, 7)
+AFFECTED = VERL.release == (0, 7, 1)
+EXPECTED = Verdict.APPLY if AFFECTED else Verdict.FIXED_UPSTREAM if LEGACY else Verdict.NOT_USED
+
+
+@pytest.mark.parametrize("target", PATCH.targets, ids=["actor", "critic"])
+def test_installed_verl_decision(target):
+    verdict, reason = decide(PATCH, target, compat.module_source(target.module))
+    assert verdict is EXPECTED, reason
+
+
+@pytest.mark.skipif(not AFFECTED, reason="edits of verl 0.7.1's source")
+class TestEditedSources:
+    ACTOR_SOURCE = compat.module_source(ACTOR.module)
+    CALL = "prepare_dynamic_batch(data, max_token_len=max_token_len)"
+
+    def test_callers_passing_dp_group_are_fixed_upstream(self):
+        fixed = self.ACTOR_SOURCE.replace("max_token_len=max_token_len)", "max_token_len=max_token_len, dp_group=g)")
+        assert fixed != self.ACTOR_SOURCE
+        verdict, reason = decide(PATCH, ACTOR, fixed)
+        assert verdict is Verdict.FIXED_UPSTREAM and "passes dp_group" in reason
+
+    def test_one_caller_passing_dp_group_is_unrecognized(self):
+        one = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace(")", ", dp_group=g)"), 1)
+        assert one != self.ACTOR_SOURCE
+        assert decide(PATCH, ACTOR, one)[0] is Verdict.UNRECOGNIZED
+
+    def test_split_through_a_helper_of_another_name_is_unrecognized(self):
+        other = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace("prepare_dynamic_batch", "split_batches"))
+        assert other != self.ACTOR_SOURCE
+        assert decide(PATCH, ACTOR, other)[0] is Verdict.UNRECOGNIZED
+
+    def test_split_without_the_guard_is_verl_070(self, monkeypatch):
+        balancing = compat.module_source(sync.BALANCING)
+        unguarded = balancing.replace(" and dp_group is not None:", ":")
+        assert unguarded != balancing
+        monkeypatch.setattr(sync.compat, "module_source", lambda name: unguarded if name == sync.BALANCING else None)
+        verdict, reason = decide(PATCH, ACTOR, self.ACTOR_SOURCE)
+        assert verdict is Verdict.FIXED_UPSTREAM and "default group" in reason
+
+
+def test_module_absent_without_verl08s_engine_is_unrecognized(monkeypatch):
+    """verl >= 0.8's positive match is its engine's split: a verl with neither is not called safe."""
+    monkeypatch.setattr(sync.compat, "module_source", lambda name: "class FSDPEngine:\n    pass\n")
+    monkeypatch.setattr(compat, "module_path", lambda name: None)
+    assert decide(PATCH, ACTOR, None)[0] is Verdict.UNRECOGNIZED
+
+
+@pytest.mark.skipif(not LEGACY, reason="verl 0.7.x's legacy actor")
+def test_selftest_counts_agree_with_the_plugin():
+    (check,) = dynamic_batch.run()
+    assert check.ok, check
+    expected_verl = "[2, 1]" if AFFECTED else "[2, 2]"
+    assert AFFECTED is (f"verl {expected_verl}" in check.detail), check
+
+
+@pytest.mark.skipif(not LEGACY, reason="verl 0.7.x's legacy actor")
+def test_real_actor_on_fsdp2_ranks_of_different_lengths():
+    results = child_json("dynamic_batch_actor.py", timeout=600)
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors[0]
+    counts = [r["micro_batches"] for r in results]
+    assert counts[0] == counts[1] and counts[0]["compute_log_prob"] == counts[0]["update_policy"] == 2, counts
+    for r in results:
+        assert r["log_prob_diff"] <= 1e-5, r
+        assert r["statuses"][f"{PATCH.name} {ACTOR.module}"] == ("applied" if AFFECTED else "skipped"), r
+
+
+@pytest.mark.skipif(not AFFECTED, reason="the hang of verl 0.7.1")
+def test_negative_control_without_the_patch_the_ranks_fail_within_bounds():
+    proc = run_child("dynamic_batch_actor.py", "10", "60", env={"VERL_QWEN3VL_PLUGIN_DISABLE": PATCH.name}, timeout=200)
+    assert all("error" in r for r in last_json(proc)), proc.stdout[-2000:]
