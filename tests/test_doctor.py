@@ -23,10 +23,15 @@ EXPECTED_VERDICTS = {
         if TRANSFORMERS.major < 5
         else "fixed_upstream",
     },
+    "qwen3_vl_single_vision_call": {"verl.models.transformers.qwen3_vl": "apply"},  # verl 0.7.0 to 0.9.1
     "qwen3_vl_vision_dp": {  # verl 0.7.0 to 0.9.1 all slice Qwen3-VL inputs after the tower
         "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply",
     },
+    "dp_actor_dynamic_batch_sync": dict.fromkeys(
+        ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
+        {(0, 7, 0): "fixed_upstream", (0, 7, 1): "apply"}.get(VERL.release, "not_used"),
+    ),
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor = commands.add_parser("doctor", help="report whether the plugin is active and what each patch does here")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument(
-        "--selftest", action="store_true", help="also run both patches on embedded tiny models on the CPU"
+        "--selftest", action="store_true", help="also check every patch on embedded tiny models on the CPU"
     )
     args = parser.parse_args(argv)  # bad flags: argparse prints usage and exits 2
 
