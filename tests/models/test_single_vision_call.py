@@ -9,6 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.helpers import VERL, child_json, last_json, run_child
+from verl_qwen3vl_plugin.compat import module_source
+from verl_qwen3vl_plugin.patches import qwen3_vl_single_vision_call as spec
+from verl_qwen3vl_plugin.registry import Verdict, decide
 from verl_qwen3vl_plugin.selftest import vision_call
 
 FSDP_CASES = ["image_video_vs_images", "image_video_vs_text", "video_vs_image"]
@@ -17,6 +20,34 @@ OFF = {"VERL_QWEN3VL_PLUGIN_DISABLE": "qwen3_vl_single_vision_call"}
 LOG_PROB_ATOL, GRAD_RTOL = 1e-5, 1e-5
 # The negative control's bounds: gloo's collective timeout, and the wall-clock limit of the two ranks.
 COLLECTIVE_TIMEOUT_S, WALL_TIMEOUT_S = 10, 60
+
+
+SOURCE = module_source(spec.TARGET)
+VIDEO_CALL = "model.visual(pixel_values_videos, grid_thw=video_grid_thw)"
+
+
+def verdict(source: str) -> Verdict:
+    return decide(spec.PATCH, spec.PATCH.targets[0], source)[0]
+
+
+def test_installed_verl_applies():
+    assert verdict(SOURCE) is Verdict.APPLY
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (VIDEO_CALL, "model.video_tower(pixel_values_videos, grid_thw=video_grid_thw)"),  # a second tower
+        ("    video_grid_thw: Optional[torch.LongTensor] = None,\n):", "    video_grid_thw=None,\n    **kwargs,\n):"),
+        ("input_kwargs = _get_input_embeds(", "input_kwargs = embed_inputs("),  # the caller goes elsewhere
+        ('"visual_pos_masks": visual_pos_masks,', '"visual_mask": visual_pos_masks,'),
+    ],
+    ids=["video_not_through_model_visual", "signature", "caller", "outputs"],
+)
+def test_edited_verl_is_unrecognized(old, new):
+    edited = SOURCE.replace(old, new)
+    assert edited != SOURCE
+    assert verdict(edited) is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.parametrize("name", list(vision_call.CASES))
