@@ -1,13 +1,13 @@
 """Two ranks of one Ulysses group (gloo) run the plugin's split vision tower where its premise fails.
 
-    vision_dp_premise.py checked|unchecked|logs COLLECTIVE_TIMEOUT_S WALL_TIMEOUT_S
+    vision_dp_premise.py checked|unchecked COLLECTIVE_TIMEOUT_S WALL_TIMEOUT_S
 
-``checked``: ranks holding different images, with the plugin as it ships; each rank reports the error it raised.
-``unchecked`` (the negative control): the same, with the group's agreement step replaced by a no-op in this
-process. ``logs``: two calls the split cannot serve (an extra keyword argument) and one it can, at DEBUG; each
-rank reports the plugin's log lines. Prints one JSON list (per rank): ``{"raised": <message>}``,
-``{"finished": true}``, ``{"logs": [[level, message], ...]}``, or the ``{"error": ...}`` of a rank that died or was
-stopped by the group's timeout or the wall-clock limit.
+``checked``: the plugin as it ships. First two calls the split cannot serve (an extra keyword argument) and one it
+can, at DEBUG, with the plugin's log lines kept; then ranks holding different images, with the error each raised.
+``unchecked`` (the negative control): only the second part, with the group's agreement step replaced by a no-op in
+this process. Prints one JSON list (per rank): ``{"logs": [[level, message], ...], "raised": <message>}``, with
+``"finished": true`` in place of ``raised`` where no rank raised, or the ``{"error": ...}`` of a rank that died or
+was stopped by the group's timeout or the wall-clock limit.
 """
 
 import json
@@ -42,19 +42,20 @@ def logs(rank):
         forward(model, pixel_values(grid), grid)
     finally:
         set_ulysses_sequence_parallel_group(None)
-    return {"logs": records}
+    return records
 
 
 def run_rank(rank, mode):
     from verl_qwen3vl_plugin.models import vision_dp
     from verl_qwen3vl_plugin.selftest.vision_dp import mismatch
 
-    if mode == "logs":
-        return logs(rank)
-    if mode == "unchecked":
+    result = {}
+    if mode == "checked":
+        result["logs"] = logs(rank)
+    else:
         vision_dp.agree_on_inputs = lambda *args: None
     message = mismatch(rank)
-    return {"finished": True} if message == "no error" else {"raised": message}
+    return {**result, **({"finished": True} if message == "no error" else {"raised": message})}
 
 
 if __name__ == "__main__":

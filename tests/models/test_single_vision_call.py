@@ -83,18 +83,16 @@ def _unpatched(case: str) -> list[dict]:
     VERL.release not in ((0, 7, 1), (0, 9, 1)), reason="the two verl code paths (0.7's actor, 0.9's engine) suffice"
 )
 def test_negative_control_without_the_patch_ranks_make_different_calls_and_fail():
-    """verl's own forward, bounded: both cases run at once (their ranks mostly wait), beside the passes alone."""
-    with ThreadPoolExecutor(len(HANG_CASES) + 1) as pool:
+    """verl's own forward, bounded, all at once (the ranks mostly wait): the two hang cases, their passes alone, and
+    video against image, where verl too makes one call per rank and the FSDP pass finishes."""
+    with ThreadPoolExecutor(len(HANG_CASES) + 2) as pool:
         alone = pool.submit(child_json, "mixed_media_fsdp2.py", "dense", ",".join(HANG_CASES), "alone", env=OFF)
+        single = pool.submit(child_json, "mixed_media_fsdp2.py", "dense", "video_vs_image", "fsdp", env=OFF)
         outcomes = dict(zip(HANG_CASES, pool.map(_unpatched, HANG_CASES), strict=True))
-        alone = alone.result(timeout=600)
+        alone, single = alone.result(timeout=600), single.result(timeout=600)
     for case, results in outcomes.items():
         assert [r[case]["visual_calls_alone"] for r in alone] == [2, 1], (case, alone)
         assert all("error" in r for r in results), (case, results)  # one rank aborts, its peer loses it
-
-
-def test_unpatched_video_against_image_is_not_a_hang_case():
-    """One call on each rank with verl's own forward too: the patch changes nothing there."""
-    for r in child_json("mixed_media_fsdp2.py", "dense", "video_vs_image", "fsdp", env=OFF, timeout=600):
+    for r in single:
         assert r["statuses"]["qwen3_vl_single_vision_call"] == "disabled", r
         assert r["video_vs_image"]["visual_calls_fsdp"] == 1, r

@@ -4,6 +4,7 @@ and the tower split over two real gloo ranks (``selftest.vision_dp``) on this st
 from __future__ import annotations
 
 import ast
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -77,24 +78,28 @@ def test_split_tower_on_two_ranks_matches_upstream():
     assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
 
 
-def premise(mode: str) -> list[dict]:
-    """``tests/_child/vision_dp_premise.py``, bounded: gloo's 10 s timeout, 60 s on the wall clock."""
-    return child_json("vision_dp_premise.py", mode, "10", "60", timeout=180)
+@pytest.fixture(scope="module")
+def premise() -> dict[str, list[dict]]:
+    """``tests/_child/vision_dp_premise.py`` in both modes at once, bounded: gloo's 10 s timeout, 60 s of wall clock."""
+    modes = ("checked", "unchecked")
+    with ThreadPoolExecutor(len(modes)) as pool:
+        runs = pool.map(lambda mode: child_json("vision_dp_premise.py", mode, "10", "60", timeout=180), modes)
+        return dict(zip(modes, runs, strict=True))
 
 
-def test_ranks_holding_different_images_raise_the_same_clear_error():
-    raised = [r.get("raised") for r in premise("checked")]
+def test_ranks_holding_different_images_raise_the_same_clear_error(premise):
+    raised = [r.get("raised") for r in premise["checked"]]
     assert raised[0] == raised[1] and "hold different images" in raised[0], raised
     assert "rank 0: 2 images, 28 patches" in raised[0] and "rank 1: 2 images, 32 patches" in raised[0], raised
 
 
-def test_negative_control_without_the_agreement_the_split_goes_on_silently():
+def test_negative_control_without_the_agreement_the_split_goes_on_silently(premise):
     """The mismatch the agreement step catches: the ranks split different lists, and nothing says so."""
-    assert all(r.get("finished") for r in premise("unchecked"))
+    assert all(r.get("finished") for r in premise["unchecked"]), premise["unchecked"]
 
 
-def test_fallback_warns_once_per_process_and_the_split_logs_at_debug():
-    for rank, r in enumerate(premise("logs")):
+def test_fallback_warns_once_per_process_and_the_split_logs_at_debug(premise):
+    for rank, r in enumerate(premise["checked"]):
         levels = [level for level, _ in r["logs"]]
         assert levels == ["WARNING", "DEBUG"], r
         assert "['unexpected']" in r["logs"][0][1] and f"rank {rank} of 2 runs images" in r["logs"][1][1], r
