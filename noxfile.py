@@ -84,6 +84,13 @@ def bench_vision_dp(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_vision_call(session: nox.Session) -> None:
+    """CPU benchmark of one vision-tower call per micro-batch against verl's two (docs/performance.md)."""
+    session.install(TORCH, *STACKS[MAIN_STACK], ".")
+    session.run("python", "benchmarks/vision_call.py", *session.posargs)
+
+
+@nox.session
 def bench_moe(session: nox.Session) -> None:
     """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
     transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
