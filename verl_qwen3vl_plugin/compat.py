@@ -69,16 +69,30 @@ def parameters(func: ast.FunctionDef) -> list[str]:
     return [a.arg for a in func.args.posonlyargs + func.args.args]
 
 
+def parse_module(name: str) -> ast.Module | None:
+    """The syntax tree of an installed module (empty where it is not found), or None where it does not parse."""
+    try:
+        return ast.parse(module_source(name) or "")
+    except SyntaxError:
+        return None
+
+
+def call_nodes(node: ast.AST, name: str) -> list[ast.Call]:
+    """The calls of ``name(...)`` or ``<anything>.name(...)`` in ``node``."""
+    return [
+        n
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call)
+        and (
+            (isinstance(n.func, ast.Name) and n.func.id == name)
+            or (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+        )
+    ]
+
+
 def calls(node: ast.AST, name: str) -> bool:
     """Whether ``node`` calls ``name(...)`` or ``<anything>.name(...)``."""
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call):
-            func = n.func
-            if (isinstance(func, ast.Name) and func.id == name) or (
-                isinstance(func, ast.Attribute) and func.attr == name
-            ):
-                return True
-    return False
+    return bool(call_nodes(node, name))
 
 
 def calls_self(node: ast.AST, method: str) -> bool:

@@ -40,25 +40,6 @@ ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 ENGINE_UTILS = "verl.workers.engine.utils"
 
 
-def _parse(module: str) -> ast.Module | None:
-    try:
-        return ast.parse(compat.module_source(module) or "")
-    except SyntaxError:
-        return None
-
-
-def _calls_to(node: ast.AST, name: str) -> list[ast.Call]:
-    return [
-        n
-        for n in ast.walk(node)
-        if isinstance(n, ast.Call)
-        and (
-            (isinstance(n.func, ast.Name) and n.func.id == name)
-            or (isinstance(n.func, ast.Attribute) and n.func.attr == name)
-        )
-    ]
-
-
 def _passes_group(call: ast.Call, position: int) -> bool:
     return len(call.args) > position or any(k.arg == "dp_group" for k in call.keywords)
 
@@ -69,18 +50,18 @@ def _guards_on_group(func: ast.FunctionDef) -> bool:
 
 def decide_balancing() -> Decision:
     """What verl's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one."""
-    tree = _parse(BALANCING)
+    tree = compat.parse_module(BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
         return Decision(Verdict.UNRECOGNIZED, f"{BALANCING} lacks {FUNCTION} or {SPLITTER}")
     if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
     if not any(any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
-               for c in _calls_to(prepare, SPLITTER)):  # fmt: skip
+               for c in compat.call_nodes(prepare, SPLITTER)):  # fmt: skip
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
     reduces = [
         c
-        for c in _calls_to(split, "all_reduce")
+        for c in compat.call_nodes(split, "all_reduce")
         if any(k.arg == "group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
     ]
     if len(reduces) != 1:
@@ -99,7 +80,9 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
         and any(a.name == FUNCTION and not a.asname for a in n.names)
         for n in tree.body
     )
-    calls = [c for method in methods for c in _calls_to(compat.find_function(cls, method) or ast.Pass(), FUNCTION)]
+    calls = [
+        c for method in methods for c in compat.call_nodes(compat.find_function(cls, method) or ast.Pass(), FUNCTION)
+    ]
     if cls is None or not imported or len(calls) != len(methods):
         return Decision(
             Verdict.UNRECOGNIZED, f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})"
@@ -116,14 +99,14 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
 
 def decide_engine() -> Decision:
     """verl >= 0.8, where the legacy modules are gone: the FSDP engine's split must be given its DP group."""
-    engine, utils = _parse(ENGINE), _parse(ENGINE_UTILS)
+    engine, utils = compat.parse_module(ENGINE), compat.parse_module(ENGINE_UTILS)
     prepare = compat.find_function(utils, "prepare_micro_batches") if utils else None
     hands_on = prepare is not None and any(
         any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
-        for c in _calls_to(prepare, SPLITTER)
+        for c in compat.call_nodes(prepare, SPLITTER)
     )
     method = compat.find_function(compat.find_class(engine, "FSDPEngine"), "forward_backward_batch") if engine else None
-    calls = _calls_to(method, "prepare_micro_batches") if method else []
+    calls = compat.call_nodes(method, "prepare_micro_batches") if method else []
     if hands_on and calls and all(any(k.arg == "dp_group" for k in c.keywords) for c in calls):
         return Decision(
             Verdict.NOT_USED, "no legacy FSDP actor/critic; the FSDP engine passes its DP group (verl#5591)"

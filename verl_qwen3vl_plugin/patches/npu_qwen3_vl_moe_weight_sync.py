@@ -44,7 +44,7 @@ def _empty_shape(init: ast.FunctionDef, parameter: str) -> list[str] | None:
 
 def npu_experts_layout() -> Decision | None:
     """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
-    tree = _parse(NPU_PATCH)
+    tree = compat.parse_module(NPU_PATCH)
     init = compat.find_function(compat.find_class(tree, EXPERTS), "__init__") if tree else None
     if init is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.__init__ in verl's npu_patch")
@@ -68,13 +68,6 @@ def _splits_transformers5_layout(func: ast.FunctionDef) -> bool:
     )
 
 
-def _parse(module: str) -> ast.Module | None:
-    try:
-        return ast.parse(compat.module_source(module) or "")
-    except SyntaxError:
-        return None
-
-
 def _streams_as_stored(caller: ast.Module | None) -> Decision:
     """verl 0.7 / 0.8: ``get_per_tensor_param`` sends packed experts as they are stored (verl's NPU block: the
     checkpoint layout, which vLLM's loader reads). Anything but that shape or verl 0.9's call is unrecognized."""
@@ -89,7 +82,7 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
 def decide_utils(tree: ast.Module) -> Decision:
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return _streams_as_stored(_parse(CALLER))
+        return _streams_as_stored(compat.parse_module(CALLER))
     if not (compat.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)")
     return npu_experts_layout() or Decision(
@@ -101,7 +94,7 @@ def decide_caller(tree: ast.Module) -> Decision:
     method = compat.find_function(compat.find_class(tree, "FSDPEngine"), "get_per_tensor_param")
     if method is None or not compat.calls(method, FUNCTION):
         return _streams_as_stored(tree)
-    utils = _parse(UTILS)
+    utils = compat.parse_module(UTILS)
     if utils is None or compat.find_function(utils, FUNCTION) is None:
         return Decision(Verdict.UNRECOGNIZED, f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks")
     return decide_utils(utils)
