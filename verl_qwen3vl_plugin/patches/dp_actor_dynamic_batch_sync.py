@@ -40,8 +40,13 @@ ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 ENGINE_UTILS = "verl.workers.engine.utils"
 
 
+def _keyword(call: ast.Call, name: str, value: str | None = None) -> bool:
+    """Whether ``call`` passes ``name=`` (as the source text ``value``, when given)."""
+    return any(k.arg == name and (value is None or ast.unparse(k.value) == value) for k in call.keywords)
+
+
 def _passes_group(call: ast.Call, position: int) -> bool:
-    return len(call.args) > position or any(k.arg == "dp_group" for k in call.keywords)
+    return len(call.args) > position or _keyword(call, "dp_group")
 
 
 def _guards_on_group(func: ast.FunctionDef) -> bool:
@@ -56,14 +61,9 @@ def decide_balancing() -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{BALANCING} lacks {FUNCTION} or {SPLITTER}")
     if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
-    if not any(any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
-               for c in compat.call_nodes(prepare, SPLITTER)):  # fmt: skip
+    if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
-    reduces = [
-        c
-        for c in compat.call_nodes(split, "all_reduce")
-        if any(k.arg == "group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
-    ]
+    reduces = [c for c in compat.call_nodes(split, "all_reduce") if _keyword(c, "group", "dp_group")]
     if len(reduces) != 1:
         return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} does not all-reduce the count over dp_group once")
     if _guards_on_group(split):
@@ -102,12 +102,11 @@ def decide_engine() -> Decision:
     engine, utils = compat.parse_module(ENGINE), compat.parse_module(ENGINE_UTILS)
     prepare = compat.find_function(utils, "prepare_micro_batches") if utils else None
     hands_on = prepare is not None and any(
-        any(k.arg == "dp_group" and ast.unparse(k.value) == "dp_group" for k in c.keywords)
-        for c in compat.call_nodes(prepare, SPLITTER)
+        _keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)
     )
     method = compat.find_function(compat.find_class(engine, "FSDPEngine"), "forward_backward_batch") if engine else None
     calls = compat.call_nodes(method, "prepare_micro_batches") if method else []
-    if hands_on and calls and all(any(k.arg == "dp_group" for k in c.keywords) for c in calls):
+    if hands_on and calls and all(_keyword(c, "dp_group") for c in calls):
         return Decision(
             Verdict.NOT_USED, "no legacy FSDP actor/critic; the FSDP engine passes its DP group (verl#5591)"
         )
