@@ -19,13 +19,11 @@ import torch
 
 from verl_qwen3vl_plugin.selftest.dynamic_batch import MAX_TOKENS, batch_of
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins
+from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, shard
 
 
 def run_rank(rank):
     import verl  # noqa: F401  (the plugin activates here, as in a user's worker)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     from verl_qwen3vl_plugin import patch_statuses
@@ -33,10 +31,7 @@ def run_rank(rank):
     install_cpu_stand_ins()
     model = build_model("dense")
     apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True, use_fused_kernels=False)
-    mesh = init_device_mesh("cpu", (2,))
-    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard(model)
     bsz, response = batch_of(rank).batch["responses"].shape
 
     def data(dynamic: bool, **extra):

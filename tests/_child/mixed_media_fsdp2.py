@@ -21,7 +21,13 @@ import torch
 import torch.distributed as dist
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, log_prob_forward, micro_batch
+from verl_qwen3vl_plugin.selftest.ulysses import (
+    build_model,
+    install_cpu_stand_ins,
+    log_prob_forward,
+    micro_batch,
+    shard,
+)
 
 # Per case, each rank's micro-batch: per sample its images as (t, h, w), videos as ("v", t, h, w).
 CASES = {
@@ -49,17 +55,6 @@ def one_pass(model, batch):
     (loss + (entropy * torch.randn(entropy.shape, generator=generator)).sum()).backward()
     grads = [full(p.grad) if p.grad is not None else torch.zeros(p.shape) for p in model.parameters()]
     return log_probs.detach(), grads, calls
-
-
-def shard(model):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (2,))
-    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def run_rank(rank, kind, cases, mode):

@@ -26,6 +26,7 @@ from verl_qwen3vl_plugin.selftest.ulysses import (
     install_cpu_stand_ins,
     log_prob_forward,
     micro_batch,
+    shard,
 )
 
 # A micro-batch per case: each sample's images as (t, h, w) grids, videos marked "v"; every tensor is seeded.
@@ -80,14 +81,7 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
     model = build_model(kind)
     apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)  # once: it wraps
     if fsdp != "none":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-        mesh = init_device_mesh("cpu", (2,))
-        offload = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if fsdp == "fsdp2_offload" else {}
-        for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
-            fully_shard(block, mesh=mesh, **offload)
-        fully_shard(model, mesh=mesh, **offload)
+        shard(model, offload=fsdp == "fsdp2_offload")
     counts = []
     model.model.visual.patch_embed.register_forward_pre_hook(lambda _, a: counts.append(a[0].shape[0]))
     applied = any(s.patch == "qwen3_vl_vision_dp" and s.status == "applied" for s in patch_statuses())

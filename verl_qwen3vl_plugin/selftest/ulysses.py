@@ -69,6 +69,19 @@ def build_model(kind: str, **vision) -> torch.nn.Module:
     return model
 
 
+def shard(model: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
+    """FSDP2 over the world (CPU mesh) as verl wraps a VLM: each vision block, each decoder layer, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    options = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if offload else {}
+    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    return model
+
+
 def micro_batch(samples: list[list[tuple]]) -> dict:
     """A verl micro-batch: per sample its images as (t, h, w) grids (videos as ("v", t, h, w)), then text."""
     from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, VIDEO_TOKEN, VISION, VISION_START, pixel_values
