@@ -27,7 +27,7 @@ STACKS = {
     # The newest transformers verl 0.9.1 accepts.
     "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL09_EXTRAS],
 }
-MAIN_STACK = "verl0.7.1-tf4.57.6"  # where both patches act, and where the start-up hook is what activates
+MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
 
 
 @nox.session
@@ -57,7 +57,7 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session
 def doctor(session: nox.Session) -> None:
-    """The main job: on the Ascend verl 0.7.1 stack, where both patches act, install and self-test the plugin.
+    """The main job: on the Ascend verl 0.7.1 stack, where most patches act, install and self-test the plugin.
 
     Nothing is exported: the start-up hook activates the plugin.
     """
@@ -73,6 +73,7 @@ def bench(session: nox.Session) -> None:
     """
     session.install(TORCH, *STACKS["verl0.8.0-tf5.3.0"], ".", "matplotlib")
     session.run("python", "benchmarks/pos_embed.py", "--plot", "docs/performance.png", *session.posargs)
+    session.run("python", "benchmarks/pos_embed_first_call.py")
     session.run("python", "benchmarks/import_cost.py")
 
 
@@ -105,3 +106,11 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def bench_end_to_end(session: nox.Session) -> None:
+    """CPU benchmark of the plugin end to end: verl's actor compute_log_prob and update_policy on a tiny Qwen3-VL-MoE,
+    SP = 2 on two gloo ranks, plugin on against off."""
+    session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
+    session.run("python", "benchmarks/end_to_end.py", *session.posargs)

@@ -41,8 +41,8 @@ def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def implementations() -> dict[str, Callable]:
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest.pos_embed import references
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
 
     return {"plugin": fast_pos_embed_interpolate, **references()}
 
@@ -184,7 +184,7 @@ def main() -> None:
 
 def sweep_steps(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
     """The step-size study: forward, fp32, geo3k-like images, ratios against verl for steps of 2^k elements."""
-    from verl_qwen3vl_plugin.models import qwen3_vl
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_pos_embed as qwen3_vl
 
     default = qwen3_vl._STEP_ELEMENTS["cpu"]
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")

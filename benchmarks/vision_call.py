@@ -42,9 +42,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from verl.models.transformers import qwen3_vl
 
-    from verl_qwen3vl_plugin.models.qwen3_vl_input_embeds import get_input_embeds
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_single_vision_call import model_inputs
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl
-    from verl_qwen3vl_plugin.selftest.vision_call import model_inputs
 
     model = randomize(tiny_qwen3_vl(**BENCH_TOWER), seed=0)
     impls = {"verl (2 calls)": qwen3_vl._get_input_embeds, "plugin (1 call)": get_input_embeds}

@@ -34,7 +34,7 @@ def tower_gflop(patches: int) -> float:
 
 
 def flops_table(images: int) -> None:
-    from verl_qwen3vl_plugin.models.vision_dp import assign
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
 
     grids = [GEO3K_GRIDS[i % len(GEO3K_GRIDS)] for i in range(images)]
     patches = [t * h * w for t, h, w in grids]

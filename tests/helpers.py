@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_qwen3vl_plugin.compat import dist_version, verl_discovers_plugins
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.compat import MISSING, Source, dist_version, parse, verl_discovers_plugins
+from verl_qwen3vl_plugin.registry import Decision, Patch, Target, decide
 
 VERL = dist_version("verl")
 TRANSFORMERS = dist_version("transformers")
@@ -48,3 +50,26 @@ def last_json(proc: subprocess.CompletedProcess):
 
 def child_json(script: str, *args: str, env: dict[str, str] | None = None, **kwargs):
     return last_json(run_child(script, *args, env=env, **kwargs))
+
+
+def source_text(module: str) -> str | None:
+    """The installed module's source text (None where it is not installed): the base the tests edit."""
+    path = compat.module_path(module)
+    return path.read_text(encoding="utf-8") if path is not None else None
+
+
+def judge(patch: Patch, target: Target, text: str | None) -> Decision:
+    """What the hooks decide when ``text`` is the target's source (None: the module is not installed)."""
+    return decide(patch, target, parse(text) if text is not None else Source(None, MISSING), frozenset())
+
+
+def use_sources(monkeypatch, sources: dict[str, str | None]) -> None:
+    """Make the probes read ``sources`` (module -> text, None: not installed) instead of the installed modules."""
+    real = compat.installed
+
+    def installed(name: str) -> Source:
+        if name not in sources:
+            return real(name)
+        return parse(sources[name]) if sources[name] is not None else Source(None, MISSING)
+
+    monkeypatch.setattr(compat, "installed", installed)

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, TRANSFORMERS, VERL, run_args
+from verl_qwen3vl_plugin import doctor as doctor_module
+from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.patches import PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
@@ -16,7 +18,7 @@ EXPECTED_VERDICTS = {
     "qwen3_vl_pos_embed": {
         "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply" if POS_EMBED_USED else "not_used",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply" if POS_EMBED_USED else "not_used",
-        "verl.models.transformers.monkey_patch": "not_used" if VERL.release < (0, 8) else "apply",
+        "verl.models.transformers.monkey_patch": "apply",  # wrapped on every verl: right whether it sets one or not
     },
     "qwen3_vl_moe_sparse_experts": {
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply"
@@ -39,6 +41,10 @@ EXPECTED_VERDICTS = {
     "npu_qwen3_vl_moe_weight_sync": {
         "verl.workers.engine.fsdp.utils": "apply" if VERL.release >= (0, 9) else "not_used",
         "verl.workers.engine.fsdp.transformer_impl": "apply" if VERL.release >= (0, 9) else "not_used",
+        # verl 0.9's shard export sends the NPU layout as stored and cannot be patched where it is cut: reported.
+        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param_shard": "unrecognized"
+        if VERL.release >= (0, 9)
+        else "not_used",
     },
 }
 
@@ -90,7 +96,37 @@ def test_json_report_and_verdicts():
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
     assert report["devices"] == {"cuda": False, "npu": False}
     for patch in PATCHES:
-        assert report["patches"][patch.name]["concerns_this_machine"] is (patch.devices is None), patch.name
+        entry = report["patches"][patch.name]
+        assert entry["concerns_this_machine"] is (patch.devices is None), patch.name
+        applies = "apply" in EXPECTED_VERDICTS[patch.name].values()
+        # No NPU here: the NPU patches that apply are applied in verl's processes but never run on this machine.
+        assert (entry["dormant"] is not None) is (applies and patch.devices == ("npu",)), (patch.name, entry)
+
+
+def test_the_doctors_env_reaches_every_verdict(monkeypatch):
+    """The environment handed to the doctor, not this process's, decides what is disabled."""
+    monkeypatch.delenv("VERL_QWEN3VL_PLUGIN_DISABLE", raising=False)
+    monkeypatch.setattr(doctor_module, "activation", lambda env: ({"active": True}, []))
+    report = doctor_module.build_report(env={"VERL_QWEN3VL_PLUGIN_DISABLE": "qwen3_vl_pos_embed"})
+    for name, patch in report.patches.items():
+        disabled = {t["verdict"] == "disabled" for t in patch["targets"].values()}
+        assert disabled == {name == "qwen3_vl_pos_embed"}, (name, patch)
+
+
+@pytest.mark.parametrize("npu", [False, True], ids=["no_npu", "npu"])
+def test_applied_but_not_run_here_says_why(npu):
+    """On Ascend, verl's npu_patch replaces the MoE block whose experts the sparse-experts patch replaces; off Ascend,
+    the NPU patches never run. Either way the doctor names the reason, and the exit code does not change."""
+    report, _ = patch_verdicts({"cuda": False, "npu": npu}, frozenset())
+    dormant = {name: entry["dormant"] for name, entry in report.items() if entry["dormant"]}
+    expected = {n for n, v in EXPECTED_VERDICTS.items() if "apply" in v.values()}
+    if npu:
+        expected &= {"qwen3_vl_moe_sparse_experts"}
+        assert all("npu_patch replaces Qwen3VLMoeTextSparseMoeBlock" in r for r in dormant.values()), dormant
+    else:
+        expected &= {p.name for p in PATCHES if p.devices == ("npu",)}
+        assert all("this machine has none" in r for r in dormant.values()), dormant
+    assert set(dormant) == expected
 
 
 def test_disabled_patch_is_reported():
@@ -108,15 +144,16 @@ def test_selftest_runs_every_patch_and_passes():
 
 
 def _unrecognized_everywhere(monkeypatch):
-    for where in ("verl_qwen3vl_plugin.doctor.module_source", "verl_qwen3vl_plugin.compat.module_source"):
-        monkeypatch.setattr(where, lambda name: "x = 1\n")
+    unknown = parse("x = 1\n")
+    for where in ("verl_qwen3vl_plugin.doctor.installed", "verl_qwen3vl_plugin.compat.installed"):
+        monkeypatch.setattr(where, lambda name: unknown)
 
 
 @pytest.mark.parametrize("npu", [False, True], ids=["no_npu", "npu"])
 def test_unrecognized_upstream_is_an_action_only_where_the_device_is(monkeypatch, npu):
     """Synthesized sources: every target unrecognized. The NPU patch counts only on a machine with an NPU."""
     _unrecognized_everywhere(monkeypatch)
-    report, actions = patch_verdicts({"cuda": False, "npu": npu})
+    report, actions = patch_verdicts({"cuda": False, "npu": npu}, frozenset())
     assert {t["verdict"] for p in report.values() for t in p["targets"].values()} == {"unrecognized"}
     flagged = {a.split()[1] for a in actions}
     expected = {p.name for p in PATCHES if p.devices is None or (npu and "npu" in p.devices)}

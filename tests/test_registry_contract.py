@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import pkgutil
 import re
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-from verl_qwen3vl_plugin import patches
+import verl_qwen3vl_plugin as plugin
+from tests.helpers import ROOT, child_json
+from verl_qwen3vl_plugin import compat, patches
+from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.patches import NAMES, PATCHES
 from verl_qwen3vl_plugin.registry import HOOK_MODULES, Patch
 
@@ -39,7 +43,7 @@ def test_spec_is_complete(patch: Patch):
     for field in ("why", "how", "remove_when"):
         assert getattr(patch, field).strip(), f"{patch.name}: empty {field}"
     assert patch.upstream and all(re.fullmatch(r"(verl|transformers|vllm-ascend)#\d+", r) for r in patch.upstream)
-    assert patch.targets and len({t.module for t in patch.targets}) == len(patch.targets)
+    assert patch.targets and len({t.label for t in patch.targets}) == len(patch.targets)
     assert importlib.util.find_spec(patch.selftest) is not None, patch.selftest
     assert patch.devices is None or set(patch.devices) <= {"cuda", "npu"}
 
@@ -64,3 +68,63 @@ def test_entry_points_name_the_hook_modules():
     """The installed metadata, which pip builds from pyproject.toml: one entry point per hook group."""
     ours = [ep for ep in metadata.entry_points(group="verl.plugins") if ep.value.startswith("verl_qwen3vl_plugin.")]
     assert sorted(ep.value for ep in ours) == sorted(HOOK_MODULES.values())
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The plugin modules ``path`` imports, at module level or inside functions (a lazy import is still an edge)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith(package)}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if importlib.util.find_spec(node.module).submodule_search_locations is not None
+                          and importlib.util.find_spec(child) is not None else node.module)  # fmt: skip
+    return found
+
+
+def test_no_import_loop_in_the_package():
+    """registry imported the patches, which import the registry: a loop through every patch. None is left."""
+    root = Path(plugin.__file__).parent
+    modules = {
+        ".".join((plugin.__name__, *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in root.rglob("*.py")
+    }
+    graph = {name: _imports(path, plugin.__name__) - {name} for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, stack: tuple[str, ...]) -> None:
+        assert name not in stack, f"import loop: {' -> '.join(stack[stack.index(name) :] + (name,))}"
+        if name in done or name not in graph:
+            return
+        for imported in graph[name]:
+            visit(imported, (*stack, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())
+
+
+def test_importing_the_wheel_rebinds_no_upstream_global():
+    """The CPU stand-ins (``selftest.ulysses``, ``selftest.moe_blocks``) act only when called, in the tests and in the
+    self-test's own children; importing any module of the wheel leaves verl and transformers as they were."""
+    result = child_json("import_every_module.py", env={"VERL_QWEN3VL_PLUGIN_DISABLE": "all"})
+    assert "verl_qwen3vl_plugin.selftest.ulysses" in result["imported"]
+    assert result["changed"] == []
+
+
+def test_each_upstream_module_is_parsed_once_per_process(monkeypatch):
+    """Three patches read ``modeling_qwen3_vl_moe``, two ``npu_patch``; every probe, hook and the doctor share one
+    cache, so each source is parsed once however many verdicts read it."""
+    texts = []
+    real = compat.parse
+    monkeypatch.setattr(compat, "parse", lambda text: texts.append(text) or real(text))
+    compat.installed.cache_clear()
+    try:
+        for _ in range(2):
+            patch_verdicts({"cuda": False, "npu": False}, frozenset())
+    finally:
+        compat.installed.cache_clear()
+    assert len(texts) >= len({t.module for p in PATCHES for t in p.targets})
+    assert len(texts) == len(set(texts))

@@ -9,9 +9,11 @@ import sys
 
 from verl_qwen3vl_plugin import __version__
 
+DESCRIPTION = "Check that verl loads the Qwen3-VL plugin, and what each of its patches does on this stack."
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl-qwen3vl-plugin", description=__doc__)
+    parser = argparse.ArgumentParser(prog="verl-qwen3vl-plugin", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="report whether the plugin is active and what each patch does here")

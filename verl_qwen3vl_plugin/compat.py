@@ -2,16 +2,19 @@
 
 Decisions read the installed code (a version string says nothing about a backport or a fork), always through its
 syntax tree: a probe names the shapes it knows, and anything else is the patch's ``unrecognized`` verdict. Sources
-are found without importing them, so the doctor can judge an Ascend module on a machine without ``torch_npu``.
+are found without importing them, so the doctor can judge an Ascend module on a machine without ``torch_npu``, and
+each is parsed once per process (``installed``).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
-from functools import lru_cache
+import sys
+from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 from packaging.version import Version
 
@@ -25,7 +28,11 @@ def dist_version(name: str) -> Version | None:
 
 
 def module_path(name: str) -> Path | None:
-    """The file of an installed module, located without importing it or its packages (None if there is none)."""
+    """The file of a module: the one imported, where it is; else located without importing it or its packages
+    (None if there is none)."""
+    file = getattr(sys.modules.get(name), "__file__", None)
+    if file is not None:
+        return Path(file)
     top, *rest = name.split(".")
     try:
         spec = importlib.util.find_spec(top)
@@ -45,17 +52,49 @@ def module_path(name: str) -> Path | None:
     return None
 
 
-def module_source(name: str) -> str | None:
-    """Source text of an installed module, read without importing it (None if not found or unreadable)."""
-    path = module_path(name)
+MISSING = "is not installed"
+
+
+class Source(NamedTuple):
+    """A module's parsed source, or why there is none (``problem``: missing, unreadable or unparsable)."""
+
+    tree: ast.Module | None
+    problem: str = ""
+
+    @property
+    def missing(self) -> bool:
+        return self.problem == MISSING
+
+
+def parse(text: str) -> Source:
     try:
-        return path.read_text(encoding="utf-8") if path is not None else None
-    except (OSError, UnicodeDecodeError):
+        return Source(ast.parse(text))
+    except SyntaxError as exc:
+        return Source(None, f"does not parse: {exc}")
+
+
+@cache
+def installed(name: str) -> Source:
+    """The installed module's source, read without importing it and parsed once per process (every probe, hook and
+    the doctor share this cache)."""
+    path = module_path(name)
+    if path is None:
+        return Source(None, MISSING)
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return Source(None, f"cannot be read: {exc}")
+
+
+def tree(name: str) -> ast.Module | None:
+    """The installed module's syntax tree; None where it is missing, unreadable or unparsable."""
+    return installed(name).tree
+
+
+def find_class(module: ast.Module | None, name: str) -> ast.ClassDef | None:
+    if module is None:
         return None
-
-
-def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
-    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None)
 
 
 def find_function(scope: ast.Module | ast.ClassDef | None, name: str) -> ast.FunctionDef | None:
@@ -67,14 +106,6 @@ def find_function(scope: ast.Module | ast.ClassDef | None, name: str) -> ast.Fun
 
 def parameters(func: ast.FunctionDef) -> list[str]:
     return [a.arg for a in func.args.posonlyargs + func.args.args]
-
-
-def parse_module(name: str) -> ast.Module | None:
-    """The syntax tree of an installed module (empty where it is not found), or None where it does not parse."""
-    try:
-        return ast.parse(module_source(name) or "")
-    except SyntaxError:
-        return None
 
 
 def call_nodes(node: ast.AST, name: str) -> list[ast.Call]:
@@ -139,17 +170,27 @@ def mentions(node: ast.AST, text: str) -> bool:
     return False
 
 
-@lru_cache(maxsize=1)
 def verl_discovers_plugins() -> bool:
     """Whether ``import verl`` loads the ``verl.plugins`` entry points (verl >= 0.9; older verl never looks).
 
     Read from verl's ``__init__.py`` without importing verl. Unreadable source counts as no discovery: the start-up
     hook then loads the plugin itself, which is harmless where verl would have too (hooks install once).
     """
-    source = module_source("verl")
-    if source is None:
-        return False
-    try:
-        return has_string(ast.parse(source), "verl.plugins")
-    except SyntaxError:
-        return False
+    source = tree("verl")
+    return source is not None and has_string(source, "verl.plugins")
+
+
+@lru_cache(maxsize=1)
+def devices() -> dict[str, bool]:
+    """The accelerators this process can use: what tells an applied patch that runs here from one that does not."""
+    import torch
+
+    npu = False
+    if dist_version("torch_npu") is not None:
+        try:
+            import torch_npu  # noqa: F401
+
+            npu = torch.npu.is_available()
+        except Exception:  # a broken torch_npu means no usable NPU, not a crash of the doctor or the status API
+            npu = False
+    return {"cuda": torch.cuda.is_available(), "npu": npu}

@@ -1,8 +1,9 @@
 """What ``verl-qwen3vl-plugin doctor`` reports: versions, whether and how verl loads the plugin, each patch's verdict
-on each of its targets (from the same ``registry.decide`` the hooks call), and the visible devices.
+on each of its targets (from the same ``registry.decide`` the hooks call, with the environment the doctor is given),
+whether an applied patch runs on this machine, and the visible devices.
 
-Whether verl loads the plugin is observed, not only inferred: a child process imports verl with this environment
-and reports which hooks got loaded, by which path, and what the start-up hook did.
+Whether verl loads the plugin is observed, not only inferred: a child process (``import_verl_probe``) imports verl
+with this environment and reports which hooks got loaded, by which path, and what the start-up hook did.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from verl_qwen3vl_plugin.activation import STARTUP_MODULE, activated_by
-from verl_qwen3vl_plugin.compat import dist_version, module_source, verl_discovers_plugins
+from verl_qwen3vl_plugin.compat import devices, dist_version, installed, verl_discovers_plugins
 from verl_qwen3vl_plugin.patches import NAMES, PATCHES
 from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
@@ -24,13 +24,13 @@ from verl_qwen3vl_plugin.registry import (
     Verdict,
     decide,
     disabled_patches,
-    patch_statuses,
+    dormant_reason,
 )
 
 DISTRIBUTIONS = ("verl", "transformers", "torch", "torch_npu", "vllm", "vllm_ascend", "ray", "verl-qwen3vl-plugin")
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
 AUTOLOAD_ENV = "VERL_QWEN3VL_PLUGIN_AUTOLOAD"
-PROBE = "import json, verl\nfrom verl_qwen3vl_plugin.doctor import observe\nprint(json.dumps(observe()))"
+PROBE = [sys.executable, "-m", "verl_qwen3vl_plugin.import_verl_probe"]
 
 
 class UsageError(Exception):
@@ -50,17 +50,6 @@ class Report:
     def exit_code(self) -> int:
         failed_selftest = any(not c["ok"] for c in self.selftest or [])
         return 1 if self.actions or failed_selftest else 0
-
-
-def observe() -> dict[str, object]:
-    """What ``import verl`` did to the plugin in this process (the doctor's child runs this after importing verl)."""
-    startup = sys.modules.get(STARTUP_MODULE)
-    return {
-        "hooks": [m for m in HOOK_MODULES.values() if m in sys.modules],
-        "activated_by": activated_by(),
-        "startup_hook": getattr(startup, "state", None),
-        "statuses": [[s.patch, s.target, s.status.value, s.reason] for s in patch_statuses()],
-    }
 
 
 def activation_line(env: dict[str, str]) -> str:
@@ -100,7 +89,7 @@ def _why_inactive(env: dict[str, str], observed: dict[str, object]) -> str:
 
 def activation(env: dict[str, str]) -> tuple[dict[str, object], list[str]]:
     """How verl loads the hooks here, observed in a child ``import verl``, and what the user must do."""
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(PROBE, env=env, capture_output=True, text=True, timeout=300)
     observed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     info: dict[str, object] = {
         "verl_discovers_entry_points": verl_discovers_plugins(),
@@ -122,37 +111,32 @@ def activation(env: dict[str, str]) -> tuple[dict[str, object], list[str]]:
     return info, actions
 
 
-def devices() -> dict[str, bool]:
-    import torch
-
-    npu = False
-    if dist_version("torch_npu") is not None:
-        try:
-            import torch_npu  # noqa: F401
-
-            npu = torch.npu.is_available()
-        except Exception:
-            npu = False
-    return {"cuda": torch.cuda.is_available(), "npu": npu}
-
-
-def patch_verdicts(present: dict[str, bool]) -> tuple[dict[str, dict[str, object]], list[str]]:
-    """Each patch's verdict on each target, and the actions: an unrecognized target on a device this machine has."""
+def patch_verdicts(
+    present: dict[str, bool], disabled: frozenset[str]
+) -> tuple[dict[str, dict[str, object]], list[str]]:
+    """Each patch's verdict on each target, whether it would run here, and the actions: an unrecognized target on a
+    device this machine has."""
     report, actions = {}, []
     for patch in PATCHES:
         concerns_here = patch.devices is None or any(present.get(d) for d in patch.devices)
         targets = {}
         for target in patch.targets:
             try:
-                verdict, reason = decide(patch, target, module_source(target.module))
+                verdict, reason = decide(patch, target, installed(target.module), disabled)
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
                 verdict, reason = Verdict.UNRECOGNIZED, f"{type(exc).__name__}: {exc}"
-            targets[target.module] = {"verdict": verdict.value, "reason": reason}
+            targets[target.label] = {"verdict": verdict.value, "reason": reason}
             if verdict is Verdict.UNRECOGNIZED and concerns_here:
-                actions.append(f"patch {patch.name} does not recognise {target.module} ({reason}): it will not "
+                actions.append(f"patch {patch.name} does not recognise {target.label} ({reason}): it will not "
                                "patch it; report this with the versions above")  # fmt: skip
-        report[patch.name] = {"devices": list(patch.devices or ["any"]), "concerns_this_machine": concerns_here}
-        report[patch.name]["targets"] = targets
+        applies = any(t["verdict"] == Verdict.APPLY.value for t in targets.values())
+        report[patch.name] = {
+            "devices": list(patch.devices or ["any"]),
+            "concerns_this_machine": concerns_here,
+            # Applied, yet never run in this machine's processes: why (None where it runs, or does not apply).
+            "dormant": dormant_reason(patch, present) if applies else None,
+            "targets": targets,
+        }
     return report, actions
 
 
@@ -164,9 +148,10 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
         raise UsageError("verl is not installed in this Python environment")
     info, actions = activation(env)
     present = devices()
-    patches, unrecognized = patch_verdicts(present)
+    disabled = disabled_patches(NAMES, env)
+    patches, unrecognized = patch_verdicts(present, disabled)
     report = Report(versions, info, patches, present, actions + unrecognized)
-    if disabled := disabled_patches(NAMES, env):
+    if disabled:
         info["disabled_by_user"] = sorted(disabled)
     if selftest:
         from verl_qwen3vl_plugin import selftest as checks
@@ -186,7 +171,7 @@ def render(report: Report) -> str:
     lines += [f"  hooks loaded by `import verl`: {act['import_verl_loaded_hooks']}"]
     lines += ["", "patches:"]
     for name, patch in report.patches.items():
-        where = "" if patch["concerns_this_machine"] else f" (concerns {', '.join(patch['devices'])}: not here)"
+        where = f" (applies, but does not run here: {patch['dormant']})" if patch["dormant"] else ""
         lines.append(f"  {name}{where}")
         lines += [f"    {module:58} {t['verdict']:15} {t['reason']}" for module, t in patch["targets"].items()]
     lines += ["", "devices: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report.devices.items())]

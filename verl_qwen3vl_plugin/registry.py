@@ -1,10 +1,10 @@
 """The patch registry: what a patch is (``Patch`` and its ``Target``s), what its probe decided (``Verdict``), what it
-did in this process (a ``Status`` per patch and target), and how a hook group installs its patches.
+did in this process (a ``Status`` per patch and target), and how a hook installs the patches it is given.
 
-Only the standard library is imported at module level: the hook modules import this before anything that can fail,
-so a broken environment still ends up as a recorded ``failed`` status and a WARNING, never an exception in
-``import verl``. Specs are NamedTuples, not dataclasses: they are built at ``import verl``, where every millisecond
-counts.
+It imports nothing of the plugin's at module level, and only the standard library: the hook modules import this
+before anything that can fail, so a broken environment still ends up as a recorded ``failed`` status and a WARNING,
+never an exception in ``import verl``; and the patch modules, which import this, are never imported from here.
+Specs are NamedTuples, not dataclasses: they are built at ``import verl``, where every millisecond counts.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from __future__ import annotations
 import ast
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from types import ModuleType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from verl_qwen3vl_plugin.compat import Source
 
 logger = logging.getLogger("verl_qwen3vl_plugin")
 # Same switch as verl's own modules: VERL_LOGGING_LEVEL=INFO shows the per-patch lines; a bad value is ignored here.
@@ -69,13 +72,20 @@ class Decision(NamedTuple):
 
 
 class Target(NamedTuple):
-    """One upstream module a patch acts on, and what to do once it is imported."""
+    """One upstream module a patch acts on (or, with ``name``, one thing in it), and what to do once it is imported."""
 
     module: str
     decide: Callable[[ast.Module], Decision]  # from the module's parsed source, without importing it
-    apply: Callable[[ModuleType], None]  # called with the imported module when the verdict is APPLY
+    # Called with the imported module when the verdict is APPLY; None: a target the plugin only reports on (its probe
+    # never says APPLY).
+    apply: Callable[[ModuleType], None] | None
     # The verdict where the module does not exist, from what upstream has instead; None: unrecognized.
     absent: Callable[[], Decision] | None = None
+    name: str = ""  # what in the module is judged, where one patch has two targets in one module
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}:{self.name}" if self.name else self.module
 
 
 class Patch(NamedTuple):
@@ -90,6 +100,9 @@ class Patch(NamedTuple):
     upstream: tuple[str, ...]  # upstream PRs and issues
     remove_when: str
     selftest: str  # module whose run() checks the patch on tiny models (doctor --selftest)
+    # Why the applied code does not run on a machine with these devices ({"cuda": bool, "npu": bool}), beyond
+    # ``devices``; None: it runs wherever ``devices`` are present.
+    dormant: Callable[[dict[str, bool]], str | None] | None = None
 
 
 class PatchStatus(NamedTuple):
@@ -98,32 +111,56 @@ class PatchStatus(NamedTuple):
     status: Status
     verdict: Verdict | None  # None while pending, or when it failed before deciding
     reason: str
+    # For an applied patch: why this process never runs the code it installed; None: it does, or not applied.
+    dormant: str | None = None
+
+
+def dormant_reason(patch: Patch, devices: dict[str, bool]) -> str | None:
+    """Why ``patch``, once applied, does not run on a machine with ``devices``; None: it runs there."""
+    if patch.devices is not None and not any(devices.get(d) for d in patch.devices):
+        return f"code for {'/'.join(patch.devices)} devices, and this machine has none"
+    return patch.dormant(devices) if patch.dormant is not None else None
 
 
 _statuses: dict[tuple[str, str], PatchStatus] = {}
-_installed: set[str] = set()
+_installed: dict[str, Patch] = {}
 
 
-def record(patch: str, target: str, status: Status, reason: str, verdict: Verdict | None = None) -> PatchStatus:
-    """Store a status and log it once per change: one line per patch and target in each process."""
+def record(
+    patch: str, target: str, status: Status, reason: str, verdict: Verdict | None = None, concerns_here: bool = True
+) -> PatchStatus:
+    """Store a status and log it once per change: one line per patch and target in each process. An unrecognized
+    target is a WARNING where the patch concerns this machine's devices, an INFO line elsewhere (the doctor shows
+    it either way): verl imports its FSDP engine on every machine, and an Ascend-only verdict must not warn on GPUs."""
     new = PatchStatus(patch, target, status, verdict, reason)
     if _statuses.get((patch, target)) != new:
         _statuses[patch, target] = new
         if status is not Status.PENDING:  # the line comes when the target module is imported
-            level = logging.WARNING if status in (Status.FAILED, Status.UNRECOGNIZED) else logging.INFO
+            warn = status is Status.FAILED or (status is Status.UNRECOGNIZED and concerns_here)
+            level = logging.WARNING if warn else logging.INFO
             logger.log(level, "verl-qwen3vl-plugin: %s on %s %s (%s)", patch, target, status.value, reason)
     return new
 
 
 def patch_statuses() -> tuple[PatchStatus, ...]:
-    """What each installed patch did to each of its targets in this process, in registry order."""
-    return tuple(_statuses.values())
+    """What each installed patch did to each of its targets in this process, in registry order; an applied one says
+    whether this process runs it (asked now: verl's NPU patches can replace a class after the plugin patched it)."""
+    if not any(s.status is Status.APPLIED for s in _statuses.values()):
+        return tuple(_statuses.values())
+    from verl_qwen3vl_plugin.compat import devices
+
+    present = devices()
+    return tuple(
+        s._replace(dormant=dormant_reason(_installed[s.patch], present))
+        if s.status is Status.APPLIED and s.patch in _installed
+        else s
+        for s in _statuses.values()
+    )
 
 
-def disabled_patches(names: tuple[str, ...], env: dict[str, str] | None = None) -> frozenset[str]:
-    """The names of ``names`` listed in VERL_QWEN3VL_PLUGIN_DISABLE ("all": every one); unknown names warn."""
-    raw = (os.environ if env is None else env).get(DISABLE_ENV, "")
-    listed = {name.strip() for name in raw.split(",") if name.strip()}
+def disabled_patches(names: tuple[str, ...], env: Mapping[str, str]) -> frozenset[str]:
+    """The names of ``names`` listed in ``env``'s VERL_QWEN3VL_PLUGIN_DISABLE ("all": every one); unknown names warn."""
+    listed = {name.strip() for name in env.get(DISABLE_ENV, "").split(",") if name.strip()}
     if "all" in listed:
         return frozenset(names)
     unknown = sorted(listed - set(names))
@@ -137,73 +174,62 @@ def disabled_patches(names: tuple[str, ...], env: dict[str, str] | None = None) 
     return frozenset(listed & set(names))
 
 
-def decide(patch: Patch, target: Target, source: str | None) -> Decision:
-    """The one decision, for the hooks and the doctor alike: disabled by the user, else the target's probe.
-
-    Fails closed: unreadable or unparsable source is ``unrecognized``, like a shape the probe does not know.
-    """
-    from verl_qwen3vl_plugin import compat
-    from verl_qwen3vl_plugin.patches import NAMES
-
-    if patch.name in disabled_patches(NAMES):
+def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str]) -> Decision:
+    """The one decision, for the hooks and the doctor alike: disabled by the user, else the target's probe on the
+    target's parsed source. Fails closed: a source that is missing, unreadable or unparsable is ``unrecognized``,
+    like a shape the probe does not know, unless the target knows what a missing module means."""
+    if patch.name in disabled:
         return Decision(Verdict.DISABLED, f"listed in {DISABLE_ENV}")
-    if source is None:
-        if target.absent is not None and compat.module_path(target.module) is None:
+    if source.tree is None:
+        if source.missing and target.absent is not None:
             return target.absent()
-        return Decision(Verdict.UNRECOGNIZED, f"the source of {target.module} cannot be read")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        return Decision(Verdict.UNRECOGNIZED, f"the source of {target.module} does not parse: {exc}")
-    return target.decide(tree)
-
-
-def _source(module: ModuleType) -> str | None:
-    try:
-        with open(module.__file__, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, TypeError):
-        return None
+        return Decision(Verdict.UNRECOGNIZED, f"{target.module} {source.problem}")
+    return target.decide(source.tree)
 
 
 def _on_target_imported(patch: Patch, target: Target, module: ModuleType) -> None:
     try:
-        decision = decide(patch, target, _source(module))
+        from verl_qwen3vl_plugin.compat import installed
+
+        decision = decide(patch, target, installed(target.module), frozenset())  # disabled ones are not registered
         if decision.verdict is Verdict.APPLY:
             target.apply(module)
-        record(patch.name, target.module, _OUTCOME[decision.verdict], decision.reason, decision.verdict)
+        concerns = decision.verdict is not Verdict.UNRECOGNIZED or _concerns_here(patch)
+        record(patch.name, target.label, _OUTCOME[decision.verdict], decision.reason, decision.verdict, concerns)
     except Exception as exc:  # a plugin problem must never break the importer of the target module
-        record(patch.name, target.module, Status.FAILED, f"{type(exc).__name__}: {exc}")
+        record(patch.name, target.label, Status.FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def _concerns_here(patch: Patch) -> bool:
+    if patch.devices is None:
+        return True
+    from verl_qwen3vl_plugin.compat import devices
+
+    return any(devices().get(d) for d in patch.devices)
 
 
 def _register(patch: Patch, target: Target) -> None:
     try:
         import wrapt
 
-        record(patch.name, target.module, Status.PENDING, f"waiting for {target.module} to be imported")
+        record(patch.name, target.label, Status.PENDING, f"waiting for {target.module} to be imported")
         wrapt.register_post_import_hook(lambda module: _on_target_imported(patch, target, module), target.module)
     except Exception as exc:
-        record(patch.name, target.module, Status.FAILED, f"{type(exc).__name__}: {exc}")
+        record(patch.name, target.label, Status.FAILED, f"{type(exc).__name__}: {exc}")
 
 
-def install_group(group: str) -> None:
-    """What a hook module does: register every patch of ``group``, once per process, and never raise.
+def install_group(patches: Iterable[Patch], disabled: frozenset[str]) -> None:
+    """Register ``patches`` (a hook's group), each once per process, except the ``disabled`` ones; never raises.
 
     Targets already imported are handled right away. This is what makes any mix of the start-up hook, the entry
     points and VERL_USE_EXTERNAL_MODULES patch exactly once.
     """
-    try:
-        from verl_qwen3vl_plugin.patches import NAMES, PATCHES
-
-        disabled = disabled_patches(NAMES)
-        for patch in PATCHES:
-            if patch.group != group or patch.name in _installed:
-                continue
-            _installed.add(patch.name)
-            for target in patch.targets:
-                if patch.name in disabled:
-                    record(patch.name, target.module, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
-                else:
-                    _register(patch, target)
-    except Exception as exc:
-        record(HOOK_MODULES[group], "*", Status.FAILED, f"{type(exc).__name__}: {exc}")
+    for patch in patches:
+        if patch.name in _installed:
+            continue
+        _installed[patch.name] = patch
+        for target in patch.targets:
+            if patch.name in disabled:
+                record(patch.name, target.label, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
+            else:
+                _register(patch, target)

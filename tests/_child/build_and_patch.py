@@ -8,7 +8,7 @@ import verl  # noqa: F401
 from verl.models.transformers.monkey_patch import apply_monkey_patch
 
 import verl_qwen3vl_plugin as plugin
-from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
 from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
 result = {}

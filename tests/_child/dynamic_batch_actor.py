@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from verl_qwen3vl_plugin.selftest.dynamic_batch import MAX_TOKENS, batch_of
+from verl_qwen3vl_plugin.selftest.dp_actor_dynamic_batch_sync import MAX_TOKENS, batch_of
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, shard
 

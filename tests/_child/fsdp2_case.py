@@ -21,7 +21,7 @@ def worker(rank):
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION, pixel_values
 
     def tower():

@@ -7,9 +7,10 @@ import wrapt
 from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: F401
 from verl.models.transformers import monkey_patch
 
-from verl_qwen3vl_plugin.registry import MODEL, install_group
+from verl_qwen3vl_plugin.hooks import install
+from verl_qwen3vl_plugin.registry import MODEL
 
-install_group(MODEL)
+install(MODEL)
 inner = getattr(monkey_patch.apply_monkey_patch, "__wrapped__", None)  # wrapped on verl >= 0.8 only
 assert not isinstance(inner, wrapt.FunctionWrapper), "apply_monkey_patch wrapped twice"
 print("ok")

@@ -1,6 +1,6 @@
 """Interpolation calls on long thin grids in a fresh process: their times, and the memory they leave resident.
 
-    pos_embed_first_call.py IMPL WIDTH...   (IMPL: plugin, or a reference from selftest.pos_embed.references())
+    pos_embed_first_call.py IMPL WIDTH...   (IMPL: plugin, or a reference from selftest.qwen3_vl_pos_embed.references())
 
 Prints the seconds of the first call on each grid [1, 2, WIDTH] (hidden 16; distinct widths share no grid size
 beyond 2) and the growth of the resident set once the outputs are freed: what caches keep.
@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest.pos_embed import references
+from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
+from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
 from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
 

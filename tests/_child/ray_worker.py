@@ -14,7 +14,7 @@ def worker():
     from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
 
     import verl_qwen3vl_plugin as plugin
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
 
     return {
         "pid": os.getpid(),

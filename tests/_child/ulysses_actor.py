@@ -67,7 +67,7 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     from verl_qwen3vl_plugin import patch_statuses
-    from verl_qwen3vl_plugin.models import vision_dp
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_vision_dp as vision_dp
 
     install_cpu_stand_ins()
     if shuffled:

@@ -22,9 +22,9 @@ def logs(rank):
     import torch.distributed as dist
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
-    from verl_qwen3vl_plugin.models import vision_dp
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_vision_dp as vision_dp
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_vision_dp import _towers
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
-    from verl_qwen3vl_plugin.selftest.vision_dp import _towers
 
     records = []
     handler = logging.Handler()
@@ -46,8 +46,8 @@ def logs(rank):
 
 
 def run_rank(rank, mode):
-    from verl_qwen3vl_plugin.models import vision_dp
-    from verl_qwen3vl_plugin.selftest.vision_dp import mismatch
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_vision_dp as vision_dp
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_vision_dp import mismatch
 
     result = {}
     if mode == "checked":

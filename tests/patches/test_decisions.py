@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import POS_EMBED_USED, VERL, child_json, last_json, run_child
-from verl_qwen3vl_plugin.compat import module_source
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe, npu_qwen3_vl_moe_weight_sync, qwen3_vl_pos_embed
-from verl_qwen3vl_plugin.registry import Verdict, decide
+from tests.helpers import POS_EMBED_USED, VERL, child_json, judge, last_json, run_child, source_text, use_sources
+from verl_qwen3vl_plugin.compat import parse
+from verl_qwen3vl_plugin.patches import (
+    NAMES,
+    npu_qwen3_vl_moe_routing,
+    npu_qwen3_vl_moe_weight_sync,
+    qwen3_vl_pos_embed,
+)
+from verl_qwen3vl_plugin.registry import Verdict, decide, disabled_patches
 
-NPU = npu_qwen3_vl_moe.PATCH
+NPU = npu_qwen3_vl_moe_routing.PATCH
 POS = qwen3_vl_pos_embed.PATCH
-NPU_SOURCE = module_source(npu_qwen3_vl_moe.TARGET)
+NPU_SOURCE = source_text(npu_qwen3_vl_moe_routing.TARGET)
 VISION = POS.targets[0]
-VISION_SOURCE = module_source(VISION.module)
+VISION_SOURCE = source_text(VISION.module)
 GUARD = "        if not self.training:\n            routing_weights = torch.zeros_like"
 TRAINING_GATHER = "selected_probs = routing_weights[batch_idx, router_indices]"
 
 
 def npu_verdict(source: str | None) -> tuple[Verdict, str]:
-    return decide(NPU, NPU.targets[0], source)
+    return judge(NPU, NPU.targets[0], source)
 
 
 def test_installed_verl_npu_decision():
@@ -31,7 +36,7 @@ def test_installed_verl_npu_decision():
 
 def test_installed_transformers_pos_embed_decision():
     for target in POS.targets[:2]:
-        verdict, reason = decide(POS, target, module_source(target.module))
+        verdict, reason = judge(POS, target, source_text(target.module))
         assert verdict is (Verdict.APPLY if POS_EMBED_USED else Verdict.NOT_USED), reason
 
 
@@ -64,7 +69,7 @@ class TestEditedNpuSource:
 @pytest.mark.parametrize("source", [None, "def broken(:\n"], ids=["unreadable", "unparsable"])
 def test_unreadable_or_unparsable_source_is_unrecognized(source):
     assert npu_verdict(source)[0] is Verdict.UNRECOGNIZED
-    assert decide(POS, VISION, source)[0] is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, source)[0] is Verdict.UNRECOGNIZED
 
 
 SYNTH_NPU = """
@@ -85,32 +90,33 @@ class Qwen3VLVisionModel:
     def forward(self, hidden_states, grid_thw, **kwargs):
         return hidden_states + self.position_table(grid_thw)
 """
-VISION_KNOWN_FIXED = SYNTH_VISION.replace(
+VISION_KNOWN_FIXED = "from ...vision_utils import get_vision_bilinear_indices_and_weights\n" + SYNTH_VISION.replace(
     "self.position_table(grid_thw)", "get_vision_bilinear_indices_and_weights(grid_thw)"
 )
 VISION_AFFECTED = SYNTH_VISION.replace("self.position_table(grid_thw)", "self.fast_pos_embed_interpolate(grid_thw)")
 
 
 def test_synthesized_vision_sources():
-    assert decide(POS, VISION, SYNTH_VISION)[0] is Verdict.UNRECOGNIZED
-    assert decide(POS, VISION, VISION_KNOWN_FIXED)[0] is Verdict.NOT_USED
-    assert decide(POS, VISION, VISION_AFFECTED)[0] is Verdict.APPLY
+    assert judge(POS, VISION, SYNTH_VISION)[0] is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, VISION_KNOWN_FIXED)[0] is Verdict.NOT_USED
+    assert judge(POS, VISION, VISION_AFFECTED)[0] is Verdict.APPLY
     wrong_signature = VISION_AFFECTED.replace("(self, grid_thw):", "(self, grid_thw, scale):")
-    assert decide(POS, VISION, wrong_signature)[0] is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, wrong_signature)[0] is Verdict.UNRECOGNIZED
 
 
 def test_synthesized_monkey_patch_sources():
     target = POS.targets[2]
-    assert decide(POS, target, "def other():\n    pass\n")[0] is Verdict.UNRECOGNIZED
-    assert decide(POS, target, "def apply_monkey_patch(model):\n    pass\n")[0] is Verdict.NOT_USED
+    assert judge(POS, target, "def other():\n    pass\n")[0] is Verdict.UNRECOGNIZED
+    # verl 0.7 sets none; the wrapper, which only puts the plugin's back afterwards, is right there too.
+    assert judge(POS, target, "def apply_monkey_patch(model):\n    pass\n")[0] is Verdict.APPLY
     sets = "def apply_monkey_patch(model):\n    Qwen3VLVisionModel.fast_pos_embed_interpolate = f\n"
-    assert decide(POS, target, sets)[0] is Verdict.APPLY
+    assert judge(POS, target, sets)[0] is Verdict.APPLY
 
 
 @pytest.mark.parametrize(
     ("module", "source", "cls", "attribute"),
     [
-        (npu_qwen3_vl_moe.TARGET, SYNTH_NPU, npu_qwen3_vl_moe.BLOCK, "forward"),
+        (npu_qwen3_vl_moe_routing.TARGET, SYNTH_NPU, npu_qwen3_vl_moe_routing.BLOCK, "forward"),
         (VISION.module, SYNTH_VISION, "Qwen3VLVisionModel", "fast_pos_embed_interpolate"),
     ],
     ids=["npu_block", "vision"],
@@ -122,7 +128,10 @@ def test_real_hook_on_unrecognized_upstream_does_not_patch_and_warns(tmp_path, m
     proc = run_child("synthesized_target.py", patch, module, str(path), cls, attribute)
     result = last_json(proc)
     assert result["status"] == "unrecognized" and not result["replaced"], result
-    assert f"on {module} unrecognized" in proc.stderr  # WARNING reaches stderr at verl's default level
+    # A WARNING (it reaches stderr at verl's default level) where the patch concerns this machine; the NPU patch
+    # on this NPU-less machine logs INFO: verl imports some of its targets on every machine.
+    warned = f"on {module} unrecognized" in proc.stderr
+    assert warned is (patch != NPU.name), proc.stderr[-2000:]
 
 
 def test_real_hook_on_affected_synthesized_upstream_patches(tmp_path):
@@ -134,21 +143,25 @@ def test_real_hook_on_affected_synthesized_upstream_patches(tmp_path):
     assert result["status"] == "applied" and result["replaced"], result
 
 
-def test_disabled(monkeypatch):
-    monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "npu_qwen3_vl_moe_routing")
-    assert npu_verdict(NPU_SOURCE)[0] is Verdict.DISABLED
-    assert decide(POS, VISION, VISION_SOURCE)[0] is not Verdict.DISABLED
+def test_disabled_comes_from_the_environment_given(monkeypatch):
+    """``decide`` reads no environment: the disabled set handed to it decides, as the hooks and the doctor pass it."""
+    monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "all")  # this process's: must not count
+    disabled = disabled_patches(NAMES, {"VERL_QWEN3VL_PLUGIN_DISABLE": "npu_qwen3_vl_moe_routing"})
+    assert decide(NPU, NPU.targets[0], parse(NPU_SOURCE), disabled)[0] is Verdict.DISABLED
+    assert decide(POS, VISION, parse(VISION_SOURCE), disabled)[0] is not Verdict.DISABLED
 
 
 SYNC = npu_qwen3_vl_moe_weight_sync.PATCH
-UTILS_SOURCE = module_source(npu_qwen3_vl_moe_weight_sync.UTILS)
+UTILS_SOURCE = source_text(npu_qwen3_vl_moe_weight_sync.UTILS)
 SYNCS = VERL.release >= (0, 9)
 
 
 def test_installed_verl_weight_sync_decision():
-    for target in SYNC.targets:
-        verdict, reason = decide(SYNC, target, module_source(target.module))
+    utils, caller, shard_export = (judge(SYNC, t, source_text(t.module)) for t in SYNC.targets)
+    for verdict, reason in (utils, caller):
         assert verdict is (Verdict.APPLY if SYNCS else Verdict.NOT_USED), reason
+    # verl 0.9's shard export sends the NPU layout as stored: reported, not patched.
+    assert shard_export.verdict is (Verdict.UNRECOGNIZED if SYNCS else Verdict.NOT_USED), shard_export.reason
 
 
 @pytest.mark.skipif(not SYNCS, reason="edits of verl 0.9's unfuse_moe_params")
@@ -156,7 +169,7 @@ class TestEditedWeightSyncSources:
     def test_a_split_along_another_axis_is_unrecognized(self):
         edited = UTILS_SOURCE.replace("tensor.chunk(2, dim=1)", "tensor.chunk(2, dim=2)")
         assert edited != UTILS_SOURCE
-        assert decide(SYNC, SYNC.targets[0], edited)[0] is Verdict.UNRECOGNIZED
+        assert judge(SYNC, SYNC.targets[0], edited)[0] is Verdict.UNRECOGNIZED
 
     def test_npu_experts_in_transformers5_layout_are_fixed_upstream(self, monkeypatch):
         npu = NPU_SOURCE.replace(
@@ -164,23 +177,12 @@ class TestEditedWeightSyncSources:
             "torch.empty(self.num_experts, 2 * self.expert_dim, self.hidden_size)",
         )
         assert npu != NPU_SOURCE
-        monkeypatch.setattr(npu_qwen3_vl_moe_weight_sync.compat, "module_source", lambda name: npu)
-        verdict, reason = decide(SYNC, SYNC.targets[0], UTILS_SOURCE)
+        use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
+        verdict, reason = judge(SYNC, SYNC.targets[0], UTILS_SOURCE)
         assert verdict is Verdict.FIXED_UPSTREAM and "(E, 2I, H)" in reason
 
     def test_npu_experts_built_some_other_way_are_unrecognized(self, monkeypatch):
         npu = NPU_SOURCE.replace("torch.empty(self.num_experts, self.hidden_size, 2 * self.expert_dim)", "make()")
         assert npu != NPU_SOURCE
-        monkeypatch.setattr(npu_qwen3_vl_moe_weight_sync.compat, "module_source", lambda name: npu)
-        assert decide(SYNC, SYNC.targets[0], UTILS_SOURCE)[0] is Verdict.UNRECOGNIZED
-
-
-def test_synthesized_weight_sync_caller_sources():
-    caller = SYNC.targets[1]
-    assert decide(SYNC, caller, "class FSDPEngine:\n    pass\n")[0] is Verdict.UNRECOGNIZED
-    streams_as_stored = (
-        "class FSDPEngine:\n    def get_per_tensor_param(self):\n        return self.module.state_dict()\n"
-    )
-    assert decide(SYNC, caller, streams_as_stored)[0] is Verdict.NOT_USED
-    splits_itself = streams_as_stored.replace("return self", "k = 'mlp.experts.gate_up_proj'\n        return self")
-    assert decide(SYNC, caller, splits_itself)[0] is Verdict.UNRECOGNIZED
+        use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
+        assert judge(SYNC, SYNC.targets[0], UTILS_SOURCE)[0] is Verdict.UNRECOGNIZED

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import VERL, child_json, last_json, run_child
-from verl_qwen3vl_plugin import compat
+from tests.helpers import VERL, child_json, judge, last_json, run_child, source_text, use_sources
 from verl_qwen3vl_plugin.patches import dp_actor_dynamic_batch_sync as sync
-from verl_qwen3vl_plugin.registry import Verdict, decide
-from verl_qwen3vl_plugin.selftest import dynamic_batch
+from verl_qwen3vl_plugin.registry import Verdict
+from verl_qwen3vl_plugin.selftest import dp_actor_dynamic_batch_sync as dynamic_batch
 
 PATCH = sync.PATCH
 ACTOR, CRITIC = PATCH.targets
@@ -21,45 +20,44 @@ EXPECTED = Verdict.APPLY if AFFECTED else Verdict.FIXED_UPSTREAM if LEGACY else 
 
 @pytest.mark.parametrize("target", PATCH.targets, ids=["actor", "critic"])
 def test_installed_verl_decision(target):
-    verdict, reason = decide(PATCH, target, compat.module_source(target.module))
+    verdict, reason = judge(PATCH, target, source_text(target.module))
     assert verdict is EXPECTED, reason
 
 
 @pytest.mark.skipif(not AFFECTED, reason="edits of verl 0.7.1's source")
 class TestEditedSources:
-    ACTOR_SOURCE = compat.module_source(ACTOR.module)
+    ACTOR_SOURCE = source_text(ACTOR.module)
     CALL = "prepare_dynamic_batch(data, max_token_len=max_token_len)"
 
     def test_callers_passing_dp_group_are_fixed_upstream(self):
         fixed = self.ACTOR_SOURCE.replace("max_token_len=max_token_len)", "max_token_len=max_token_len, dp_group=g)")
         assert fixed != self.ACTOR_SOURCE
-        verdict, reason = decide(PATCH, ACTOR, fixed)
-        assert verdict is Verdict.FIXED_UPSTREAM and "passes dp_group" in reason
+        verdict, reason = judge(PATCH, ACTOR, fixed)
+        assert verdict is Verdict.FIXED_UPSTREAM and "passes its dp_group" in reason
 
     def test_one_caller_passing_dp_group_is_unrecognized(self):
         one = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace(")", ", dp_group=g)"), 1)
         assert one != self.ACTOR_SOURCE
-        assert decide(PATCH, ACTOR, one)[0] is Verdict.UNRECOGNIZED
+        assert judge(PATCH, ACTOR, one)[0] is Verdict.UNRECOGNIZED
 
     def test_split_through_a_helper_of_another_name_is_unrecognized(self):
         other = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace("prepare_dynamic_batch", "split_batches"))
         assert other != self.ACTOR_SOURCE
-        assert decide(PATCH, ACTOR, other)[0] is Verdict.UNRECOGNIZED
+        assert judge(PATCH, ACTOR, other)[0] is Verdict.UNRECOGNIZED
 
     def test_split_without_the_guard_is_verl_070(self, monkeypatch):
-        balancing = compat.module_source(sync.BALANCING)
+        balancing = source_text(sync.BALANCING)
         unguarded = balancing.replace(" and dp_group is not None:", ":")
         assert unguarded != balancing
-        monkeypatch.setattr(sync.compat, "module_source", lambda name: unguarded if name == sync.BALANCING else None)
-        verdict, reason = decide(PATCH, ACTOR, self.ACTOR_SOURCE)
+        use_sources(monkeypatch, {sync.BALANCING: unguarded})
+        verdict, reason = judge(PATCH, ACTOR, self.ACTOR_SOURCE)
         assert verdict is Verdict.FIXED_UPSTREAM and "default group" in reason
 
 
 def test_module_absent_without_verl08s_engine_is_unrecognized(monkeypatch):
     """verl >= 0.8's positive match is its engine's split: a verl with neither is not called safe."""
-    monkeypatch.setattr(sync.compat, "module_source", lambda name: "class FSDPEngine:\n    pass\n")
-    monkeypatch.setattr(compat, "module_path", lambda name: None)
-    assert decide(PATCH, ACTOR, None)[0] is Verdict.UNRECOGNIZED
+    use_sources(monkeypatch, {sync.ENGINE: "class FSDPEngine:\n    pass\n"})
+    assert judge(PATCH, ACTOR, None)[0] is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.skipif(not LEGACY, reason="verl 0.7.x's legacy actor")

@@ -14,17 +14,25 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verl_qwen3vl_plugin.compat import module_source
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
+from tests.helpers import judge, source_text
+from verl_qwen3vl_plugin.hooks import install
+from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
 from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
-from verl_qwen3vl_plugin.registry import NPU, Status, Verdict, decide, install_group, patch_statuses
-from verl_qwen3vl_plugin.selftest.moe_blocks import block_input, block_pair, engine_weight_stream, npu_layout, run_block
-from verl_qwen3vl_plugin.selftest.npu_moe import block_check, weight_sync_check
+from verl_qwen3vl_plugin.registry import NPU, Status, Verdict, patch_statuses
+from verl_qwen3vl_plugin.selftest.moe_blocks import (
+    block_input,
+    block_pair,
+    engine_weight_stream,
+    npu_layout,
+    on_the_cpu,
+    run_block,
+)
+from verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe import block_check, weight_sync_check
 from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 from verl_qwen3vl_plugin.selftest.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe
 
 pytestmark = pytest.mark.fake_npu
-SYNCS = decide(sync.PATCH, sync.PATCH.targets[0], module_source(sync.UTILS)).verdict is Verdict.APPLY
+SYNCS = judge(sync.PATCH, sync.PATCH.targets[0], source_text(sync.UTILS)).verdict is Verdict.APPLY
 # The tiny model's hidden 32 with expert intermediates 24 (shapes tell a mis-split) and 16 (hidden == 2 * I: they
 # do not, and only the values show it).
 INTERMEDIATES = {"hidden_ne_2i": 24, "hidden_eq_2i": 16}
@@ -60,7 +68,7 @@ def npu():
         verl_experts_forward = experts.forward
         engine = importlib.import_module(sync.CALLER)  # verl's FSDP engine: the weight-sync patch's targets
         verl_unfuse = getattr(engine, sync.FUNCTION, None)
-        install_group(NPU)  # npu_patch is already imported: the hooks act right away
+        install(NPU)  # npu_patch is already imported: the hooks act right away
         yield SimpleNamespace(
             hf_block=hf_block,
             npu_block=block,
@@ -86,9 +94,15 @@ def test_statuses_match_the_installed_verl(npu):
     else:
         assert (status.status, status.verdict) == (Status.SKIPPED, Verdict.FIXED_UPSTREAM), status
         assert npu.npu_block.forward is npu.verl_forward
-    for target in sync.PATCH.targets:
-        status = statuses[sync.PATCH.name, target.module]
+    full_sync, shard_export = sync.PATCH.targets[:2], sync.PATCH.targets[2]
+    for target in full_sync:
+        status = statuses[sync.PATCH.name, target.label]
         assert status.status is (Status.APPLIED if SYNCS else Status.SKIPPED), status
+    status = statuses[sync.PATCH.name, shard_export.label]
+    assert status.status is (Status.UNRECOGNIZED if SYNCS else Status.SKIPPED), status
+    for status in statuses.values():  # applied here, yet this machine has no NPU: never run in a real process
+        if status.status is Status.APPLIED:
+            assert status.dormant == "code for npu devices, and this machine has none", status
 
 
 def affected(npu):
@@ -159,6 +173,54 @@ def test_weight_sync_bug_without_plugin(npu, case, monkeypatch):
     assert not check.ok
     gate = next(k for k in expected if k.endswith("experts.0.gate_proj.weight"))
     assert (actual[gate].shape == expected[gate].shape) is (case == "hidden_eq_2i"), check.detail
+
+
+@needs_sync
+def test_shard_export_sends_the_npu_layout_and_reads_unrecognized(npu):
+    """verl 0.9's real ``get_per_tensor_param_shard`` sends the NPU experts' packed (E, H, 2I) tensor under
+    transformers 5's name, where transformers 5's model has (E, 2I, H): what the delta checkpoint engine would load.
+    The plugin cannot transpose a flat shard, so the verdict says so instead of "fine"."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    model = npu_model(npu, "hidden_ne_2i")
+    engine = SimpleNamespace(module=model, _uses_fsdp2_cpu_offload_policy=True, _is_offload_param=False)
+    with on_the_cpu(transformer_impl):
+        stream, _ = transformer_impl.FSDPEngine.get_per_tensor_param_shard(engine)
+        specs = {name: spec for name, _, spec in stream}
+    name = next(n for n in specs if n.endswith("layers.0.mlp.experts.gate_up_proj"))
+    hf_shape = tuple(npu.states["hidden_ne_2i"][name].shape)  # transformers 5's own model
+    assert tuple(specs[name].full_shape) == (hf_shape[0], hf_shape[2], hf_shape[1]) != hf_shape
+    decision = judge(sync.PATCH, sync.PATCH.targets[2], source_text(sync.CALLER))
+    assert decision.verdict is Verdict.UNRECOGNIZED and "not patched" in decision.reason, decision
+
+
+def test_weight_sync_wrapper_passes_through_what_it_does_not_read(npu):
+    """An ``unfuse_moe_params`` with a parameter the wrapper does not know (the fixture made transformers' module build
+    verl's NPU block): it reads ``model_type`` by name and hands every argument on as given."""
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_weight_sync import layout_aware
+
+    seen = {}
+
+    def unfuse(weights, model_type=None, *, layout="packed"):
+        seen.update(model_type=model_type, layout=layout)
+        return list(weights)
+
+    tensor = torch.zeros(2, 3, 4)
+    out = layout_aware(unfuse)(iter([("a.mlp.experts.down_proj", tensor)]), "qwen3_vl_moe", layout="split")
+    assert seen == {"model_type": "qwen3_vl_moe", "layout": "split"}
+    assert out[0][1].shape == (2, 4, 3)  # the NPU layout transposed to transformers 5's before verl's split
+
+
+@needs_sync
+def test_an_extra_parameter_of_verls_split_still_applies():
+    """The probe checks what the wrapper relies on (``weights`` first, a ``model_type``), not the whole signature."""
+    source = source_text(sync.UTILS)
+    old = "def unfuse_moe_params(weights, model_type: str | None = None):"
+    assert old in source
+    edited = source.replace(old, "def unfuse_moe_params(weights, model_type: str | None = None, *, layout='packed'):")
+    assert judge(sync.PATCH, sync.PATCH.targets[0], edited)[0] is Verdict.APPLY
+    without = source.replace(old, "def unfuse_moe_params(weights, kind: str | None = None):")
+    assert judge(sync.PATCH, sync.PATCH.targets[0], without)[0] is Verdict.UNRECOGNIZED
 
 
 def test_experts_eval_is_grouped(npu):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import POS_EMBED_USED, VERL, child_json
+from tests.helpers import POS_EMBED_USED, child_json
 
 VISION_MODULES = (
     "transformers.models.qwen3_vl.modeling_qwen3_vl",
@@ -19,7 +19,8 @@ def test_plugin_function_in_effect_after_verl_monkey_patch():
     for module in VISION_MODULES:
         status, reason = result["status"][module]
         assert status == ("applied" if POS_EMBED_USED else "skipped"), reason
-    assert result["status"][MONKEY_PATCH][0] == ("applied" if VERL.release >= (0, 8) else "skipped")
+    # Wrapped on every verl: verl >= 0.8 sets its own method there, 0.7 does not, and the wrapper is right either way.
+    assert result["status"][MONKEY_PATCH][0] == "applied"
     for name in ("dense", "moe"):
         assert result[name]["finite"]
         if POS_EMBED_USED:  # transformers >= 5.9 never calls the method: verl's unused copy may stay on the class

@@ -8,19 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import child_json
-from verl_qwen3vl_plugin.compat import module_source
-from verl_qwen3vl_plugin.models.vision_dp import assign
+from tests.helpers import child_json, judge, source_text
 from verl_qwen3vl_plugin.patches import qwen3_vl_vision_dp as spec
-from verl_qwen3vl_plugin.registry import Verdict, decide
-from verl_qwen3vl_plugin.selftest import vision_dp
+from verl_qwen3vl_plugin.registry import Verdict
+from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
+from verl_qwen3vl_plugin.selftest import qwen3_vl_vision_dp as vision_dp
 
-VERL_SOURCE = module_source(spec.VERL_MONKEY_PATCH)
+VERL_SOURCE = source_text(spec.VERL_MONKEY_PATCH)
 
 
 @pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
 def test_installed_sources_apply(target):
-    verdict, reason = decide(spec.PATCH, target, module_source(target.module))
+    verdict, reason = judge(spec.PATCH, target, source_text(target.module))
     assert verdict is Verdict.APPLY, reason
     assert spec.VERL_SLICER in reason
 
@@ -36,10 +35,10 @@ def test_installed_sources_apply(target):
 )
 def test_edited_vision_forward_is_unrecognized(edit):
     target = spec.PATCH.targets[0]
-    source = module_source(target.module)
+    source = source_text(target.module)
     if edit[0] not in source:
         pytest.skip(f"this transformers has no {edit[0]!r}")
-    verdict, reason = decide(spec.PATCH, target, source.replace(*edit))
+    verdict, reason = judge(spec.PATCH, target, source.replace(*edit))
     assert verdict is Verdict.UNRECOGNIZED, reason
 
 

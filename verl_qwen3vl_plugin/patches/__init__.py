@@ -6,7 +6,7 @@ iterate over it. Patch modules import no torch: this list is built at ``import v
 
 from verl_qwen3vl_plugin.patches import (
     dp_actor_dynamic_batch_sync,
-    npu_qwen3_vl_moe,
+    npu_qwen3_vl_moe_routing,
     npu_qwen3_vl_moe_sparse_eval,
     npu_qwen3_vl_moe_weight_sync,
     qwen3_vl_moe_sparse_experts,
@@ -21,7 +21,7 @@ PATCHES = (
     qwen3_vl_single_vision_call.PATCH,
     qwen3_vl_vision_dp.PATCH,
     dp_actor_dynamic_batch_sync.PATCH,
-    npu_qwen3_vl_moe.PATCH,
+    npu_qwen3_vl_moe_routing.PATCH,
     npu_qwen3_vl_moe_sparse_eval.PATCH,
     npu_qwen3_vl_moe_weight_sync.PATCH,
 )

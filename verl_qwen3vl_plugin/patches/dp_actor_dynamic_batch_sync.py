@@ -10,20 +10,24 @@ Targets: verl's ``dp_actor`` and ``dp_critic`` modules, which bind ``prepare_dyn
 replaced by one that passes the default group when the caller passes none, as verl 0.7.0 did.
 
 Known shapes (the probes' whole knowledge):
-- affected, verl 0.7.1: ``rearrange_micro_batches`` syncs the count only ``if ... dp_group is not None``, and
+- affected, verl 0.7.1 (and 0.9's split, through a named condition): ``rearrange_micro_batches`` syncs the count
+  only ``if ... and dp_group is not None``, and
   ``DataParallelPPOActor.compute_log_prob`` / ``update_policy`` (``DataParallelPPOCritic.compute_values`` /
   ``update_critic``) call ``prepare_dynamic_batch(data, max_token_len=...)`` without one;
-- fixed upstream, verl 0.7.0: ``rearrange_micro_batches`` all-reduces the count over ``group=dp_group`` with no
-  such guard (None: the default group);
-- fixed upstream, any verl whose legacy callers pass ``dp_group``;
-- not used, verl >= 0.8: no legacy ``dp_actor`` / ``dp_critic`` modules, and the FSDP engine passes its DP group to
-  ``prepare_micro_batches``, which hands it to ``rearrange_micro_batches`` (verl#5591).
+- fixed upstream, verl 0.7.0: ``rearrange_micro_batches`` all-reduces the count (``num_micro_batches``), once, over
+  ``group=dp_group``, under no condition that reads ``dp_group``, directly or through a name it assigns (None: the
+  default group);
+- fixed upstream, any verl whose legacy callers all pass a ``dp_group`` that is not a literal None, to a split of
+  one of the two shapes above;
+- not used, verl >= 0.8: no legacy ``dp_actor`` / ``dp_critic`` modules; ``FSDPEngine.forward_backward_batch``
+  calls ``prepare_micro_batches``, every call of it in ``FSDPEngine`` passes a DP group, the engine calls neither
+  ``prepare_dynamic_batch`` nor ``rearrange_micro_batches`` itself, and ``prepare_micro_batches`` hands
+  ``dp_group=dp_group`` to ``rearrange_micro_batches`` (verl#5591).
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
@@ -46,16 +50,29 @@ def _keyword(call: ast.Call, name: str, value: str | None = None) -> bool:
 
 
 def _passes_group(call: ast.Call, position: int) -> bool:
-    return len(call.args) > position or _keyword(call, "dp_group")
+    """A DP group other than a literal None, by position or by keyword."""
+    given = [k.value for k in call.keywords if k.arg == "dp_group"] + call.args[position : position + 1]
+    return any(not (isinstance(v, ast.Constant) and v.value is None) for v in given)
 
 
-def _guards_on_group(func: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Compare) and ast.unparse(n) == "dp_group is not None" for n in ast.walk(func))
+def _conditions_over(func: ast.FunctionDef, call: ast.Call) -> list[ast.expr]:
+    """The tests of the ``if`` statements that enclose ``call`` in ``func``."""
+    found: list[ast.expr] = []
+
+    def visit(node: ast.AST, tests: list[ast.expr]) -> None:
+        if node is call:
+            found.extend(tests)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, tests + [node.test] if isinstance(node, ast.If) and child is not node.test else tests)
+
+    visit(func, [])
+    return found
 
 
 def decide_balancing() -> Decision:
     """What verl's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one."""
-    tree = compat.parse_module(BALANCING)
+    tree = compat.tree(BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
         return Decision(Verdict.UNRECOGNIZED, f"{BALANCING} lacks {FUNCTION} or {SPLITTER}")
@@ -63,12 +80,42 @@ def decide_balancing() -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
     if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
-    reduces = [c for c in compat.call_nodes(split, "all_reduce") if _keyword(c, "group", "dp_group")]
+    reduces = [
+        c
+        for c in compat.call_nodes(split, "all_reduce")
+        if _keyword(c, "group", "dp_group") and [ast.unparse(a) for a in c.args[:1]] == ["num_micro_batches"]
+    ]
     if len(reduces) != 1:
         return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} does not all-reduce the count over dp_group once")
-    if _guards_on_group(split):
+    tests = [_expanded(split, t) for t in _conditions_over(split, reduces[0])]
+    on_group = [t for t in tests if compat.mentions(t, "dp_group")]
+    if not on_group:
+        return Decision(
+            Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)"
+        )
+    if [ast.unparse(c) for t in on_group for c in _clauses(t) if compat.mentions(c, "dp_group")] == [
+        "dp_group is not None"
+    ]:
         return Decision(Verdict.APPLY, f"{SPLITTER} syncs the micro-batch count only when given a dp_group")
-    return Decision(Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group")
+    return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} conditions its sync on dp_group in an unknown way")
+
+
+def _expanded(func: ast.FunctionDef, test: ast.expr) -> ast.expr:
+    """``test`` with a bare name replaced by the one value ``func`` assigns it (verl 0.9 names its condition)."""
+    if isinstance(test, ast.Name):
+        values = [
+            n.value
+            for n in ast.walk(func)
+            if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [test.id]
+        ]
+        if len(values) == 1:
+            return values[0]
+    return test
+
+
+def _clauses(test: ast.expr) -> list[ast.expr]:
+    """The operands of a top-level ``and`` (or the test itself)."""
+    return test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
 
 
 def decide_caller(module: str, tree: ast.Module) -> Decision:
@@ -87,49 +134,48 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
         return Decision(
             Verdict.UNRECOGNIZED, f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})"
         )
+    balancing = decide_balancing()
+    if balancing.verdict is Verdict.UNRECOGNIZED:
+        return balancing
     if all(_passes_group(c, 2) for c in calls):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{cls_name} passes dp_group to {FUNCTION}")
+        return Decision(Verdict.FIXED_UPSTREAM, f"{cls_name} passes its dp_group to {FUNCTION}")
     if any(_passes_group(c, 2) for c in calls):
         return Decision(Verdict.UNRECOGNIZED, f"{cls_name} passes dp_group to {FUNCTION} in some calls only")
-    balancing = decide_balancing()
     if balancing.verdict is Verdict.APPLY:
         return Decision(Verdict.APPLY, f"{cls_name}.{'/'.join(methods)} pass no dp_group and {balancing.reason}")
     return balancing
 
 
 def decide_engine() -> Decision:
-    """verl >= 0.8, where the legacy modules are gone: the FSDP engine's split must be given its DP group."""
-    engine, utils = compat.parse_module(ENGINE), compat.parse_module(ENGINE_UTILS)
-    prepare = compat.find_function(utils, "prepare_micro_batches") if utils else None
+    """verl >= 0.8, where the legacy modules are gone: every split of the FSDP engine must be given its DP group."""
+    engine, utils = compat.find_class(compat.tree(ENGINE), "FSDPEngine"), compat.tree(ENGINE_UTILS)
+    prepare = compat.find_function(utils, "prepare_micro_batches")
     hands_on = prepare is not None and any(
         _keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)
     )
-    method = compat.find_function(compat.find_class(engine, "FSDPEngine"), "forward_backward_batch") if engine else None
-    calls = compat.call_nodes(method, "prepare_micro_batches") if method else []
-    if hands_on and calls and all(_keyword(c, "dp_group") for c in calls):
+    method = compat.find_function(engine, "forward_backward_batch")
+    calls = compat.call_nodes(engine, "prepare_micro_batches") if engine else []
+    direct = [f for f in (FUNCTION, SPLITTER) if engine and compat.calls(engine, f)]
+    if (
+        hands_on
+        and not direct
+        and method is not None
+        and compat.calls(method, "prepare_micro_batches")
+        and all(_passes_group(c, 1) for c in calls)
+        and decide_balancing().verdict is not Verdict.UNRECOGNIZED
+    ):
         return Decision(
-            Verdict.NOT_USED, "no legacy FSDP actor/critic; the FSDP engine passes its DP group (verl#5591)"
+            Verdict.NOT_USED,
+            "no legacy FSDP actor/critic; every split of the FSDP engine gets its DP group (verl#5591)",
         )
     return Decision(Verdict.UNRECOGNIZED, "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's")
 
 
-def with_default_group(prepare: Callable) -> Callable:
-    def prepare_dynamic_batch(*args, **kwargs):
-        """verl's ``prepare_dynamic_batch``, given the default group when the caller passes none (verl 0.7.0's
-        behaviour), so that every rank makes as many micro-batches as the rank that needs the most."""
-        import torch.distributed as dist
-
-        if len(args) < 3 and kwargs.get("dp_group") is None and dist.is_initialized():
-            kwargs["dp_group"] = dist.group.WORLD
-        return prepare(*args, **kwargs)
-
-    prepare_dynamic_batch.__wrapped__ = prepare
-    return prepare_dynamic_batch
-
-
 def _apply(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.dp_actor_dynamic_batch_sync import with_default_group
+
     current = getattr(module, FUNCTION)
-    if current.__module__ != __name__:
+    if current.__module__ != with_default_group.__module__:
         setattr(module, FUNCTION, with_default_group(current))
 
 
@@ -152,5 +198,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6176", "verl#6178", "verl#5591"),
     remove_when="verl 0.7.1 is not among the verl releases you run (0.7.0 and 0.8+ agree on the count).",
-    selftest="verl_qwen3vl_plugin.selftest.dynamic_batch",
+    selftest="verl_qwen3vl_plugin.selftest.dp_actor_dynamic_batch_sync",
 )

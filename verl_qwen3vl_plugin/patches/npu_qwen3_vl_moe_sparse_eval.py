@@ -1,9 +1,14 @@
 """Patch ``npu_qwen3_vl_moe_sparse_eval``: verl's Ascend Qwen3-VL-MoE experts run their grouped path in eval too.
 
-Target: ``verl.models.transformers.npu_patch`` (imported by verl on Ascend only). Known shapes:
-- verl 0.7.0 to 0.9.1 (affected): ``NPUQwen3VLMoeTextExperts.forward`` permutes tokens and calls ``NPUGmmFunction``
-  when training, and otherwise repeats every token for every expert and multiplies with ``torch.bmm``;
-- fixed: a forward that permutes tokens and has no ``bmm`` (grouped in every mode).
+Target: ``verl.models.transformers.npu_patch`` (imported by verl on Ascend only). Known shapes (the probe's whole
+knowledge):
+- affected, verl 0.7.0 to 0.9.1: ``NPUQwen3VLMoeTextExperts.forward(self, hidden_states, routing_weights,
+  router_indices)`` branches on ``if self.training:``; that branch permutes tokens (``npu_moe_token_permute``), runs
+  ``NPUGmmFunction.apply`` on ``self.gate_up_proj`` and ``self.down_proj`` with ``npu_swiglu`` between them, and
+  unpermutes; the ``else`` repeats every token for every expert and multiplies with ``torch.bmm``. The replacement's
+  eval is exactly that training path, so the probe checks each of those calls;
+- fixed: a forward with no ``self.training`` branch that permutes tokens, calls ``NPUGmmFunction.apply`` and makes
+  no dense product (``repeat``, ``bmm``, ``matmul``, ``einsum``): grouped in every mode. No verl release has it yet.
 """
 
 from __future__ import annotations
@@ -19,22 +24,46 @@ EXPERTS = "NPUQwen3VLMoeTextExperts"
 GMM = "NPUGmmFunction"
 
 
+SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
+DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
+
+
+def _gmm_operands(node: ast.AST) -> list[str]:
+    """The weight operand of each ``NPUGmmFunction.apply(x, weight, counts)`` in ``node``, as source text."""
+    return [
+        ast.unparse(c.args[1])
+        for c in compat.call_nodes(node, "apply")
+        if isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value) == GMM and len(c.args) == 3
+    ]
+
+
+def _grouped(node: ast.AST) -> bool:
+    """verl's grouped path: permute, gate_up GEMM, swiglu, down GEMM, unpermute."""
+    return (
+        all(compat.calls(node, op) for op in ("npu_moe_token_permute", "npu_swiglu", "npu_moe_token_unpermute"))
+        and _gmm_operands(node) == ["self.gate_up_proj", "self.down_proj"]
+        and not any(compat.calls(node, op) for op in DENSE_OPS)
+    )
+
+
 def decide(tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if forward is None or compat.find_class(tree, GMM) is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
-    if not compat.calls(forward, "npu_moe_token_permute"):
-        return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward does not permute tokens by expert")
-    if not compat.calls(forward, "bmm"):
+    if compat.parameters(forward) != SIGNATURE:
+        return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})")
+    branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and compat.mentions(n.test, "training")]
+    if not branches and _grouped(forward):
         return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS}.forward is grouped in every mode")
-    branch = next((n for n in forward.body if isinstance(n, ast.If) and ast.unparse(n.test) == "self.training"), None)
-    if branch is not None and compat.calls(ast.Module(branch.orelse, []), "bmm"):
-        return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token when not training")
-    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward uses bmm outside its eval branch")
+    if len(branches) == 1 and ast.unparse(branches[0].test) == "self.training":
+        training, other = ast.Module(branches[0].body, []), ast.Module(branches[0].orelse, [])
+        if _grouped(training) and compat.calls(other, "bmm") and compat.calls(other, "repeat"):
+            return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token when not training")
+    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches no known verl release's grouped/dense split")
 
 
 def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.models.npu_qwen3_vl_moe import grouped_eval_forward
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_sparse_eval import grouped_eval_forward
 
     experts = getattr(module, EXPERTS)
     experts.forward = grouped_eval_forward(experts.forward, getattr(module, GMM))
@@ -50,10 +79,11 @@ PATCH = Patch(
         "and reference log-probs: E / top_k times the expert FLOPs and E copies of the tokens per layer."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.npu_qwen3_vl_moe.grouped_eval_forward: in eval, the experts' own grouped path "
+        "verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_sparse_eval.grouped_eval_forward:"
+        " in eval, the experts' own grouped path "
         "(token permute, verl's grouped matmul, unpermute with the top-k weights); training is verl's forward."
     ),
     upstream=("verl#6131",),
     remove_when="verl's NPUQwen3VLMoeTextExperts.forward is grouped in eval.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
 )

@@ -7,8 +7,25 @@ layout. On Ascend, verl's ``NPUQwen3VLMoeTextSparseMoeBlock`` replaces transform
 4.57's ``(E, H, 2I)`` / ``(E, I, H)``, so the rollout receives mis-split experts.
 
 Targets: ``utils`` (the function) and ``transformer_impl``, which binds the name at its own import (``from .utils
-import unfuse_moe_params``), so the name it calls is replaced too. The probes read verl's code: the split that assumes
-transformers 5's layout, the caller, and the NPU experts' own layout (in ``npu_patch``).
+import unfuse_moe_params``), so the name it calls is replaced too; and, report-only, ``FSDPEngine``'s shard export.
+
+Known shapes (the probes' whole knowledge):
+- affected, verl 0.9.0 / 0.9.1: ``unfuse_moe_params(weights, model_type=None)`` (the wrapper needs ``weights``
+  first and a ``model_type`` parameter, and passes every argument through) matches
+  ``.mlp.experts.gate_up_proj`` and cuts it with ``chunk(2, dim=1)``; ``FSDPEngine.get_per_tensor_param`` passes its
+  stream through it once, as ``unfuse_moe_params(<stream>, <model type>)``; and verl's NPU experts build
+  ``gate_up_proj`` as ``(num_experts, hidden_size, 2 * expert_dim)``;
+- fixed upstream: verl's NPU experts build ``(num_experts, 2 * expert_dim, hidden_size)``, transformers 5's layout;
+- not used, verl 0.7 / 0.8: no ``unfuse_moe_params``, and every value ``get_per_tensor_param`` gives its stream is
+  ``params``, ``params.items()``, a generator of ``(name, <tensor expression>)`` over ``params.items()`` that keeps
+  each name, or the QAT quantizer's ``quantize_with_fusion(<stream>, ...)``: packed experts go out as stored, which
+  for verl's NPU block is the checkpoint layout vLLM loads;
+- shard export, verl 0.9: ``FSDPEngine.get_per_tensor_param_shard`` sends each rank's flat local shard of the state
+  dict, packed experts in their stored layout, under transformers 5's names (the delta checkpoint engine reads it).
+  On verl's NPU experts that is the wrong layout, and a flat shard cannot be transposed where it is cut: the plugin
+  does not patch it, and reports it ``unrecognized`` unless the NPU experts store transformers 5's layout. verl 0.7 /
+  0.8 have no such method; it is ``not_used`` there only where the only ``FSDPEngine`` methods that read the state
+  dict are the known ones.
 """
 
 from __future__ import annotations
@@ -24,6 +41,12 @@ CALLER = "verl.workers.engine.fsdp.transformer_impl"
 NPU_PATCH = "verl.models.transformers.npu_patch"
 FUNCTION = "unfuse_moe_params"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
+ENGINE = "FSDPEngine"
+STREAM = "per_tensor_param"
+SHARD_EXPORT = "get_per_tensor_param_shard"
+# FSDPEngine's methods that read the module's state dict, verl 0.7.0 to 0.9.1: building, the full export, the shard
+# export and the merged-LoRA export.
+STATE_DICT_READERS = {"_build_fsdp_module", "get_per_tensor_param", SHARD_EXPORT, "_merged_lora_per_tensor_param"}
 
 
 def _empty_shape(init: ast.FunctionDef, parameter: str) -> list[str] | None:
@@ -42,20 +65,6 @@ def _empty_shape(init: ast.FunctionDef, parameter: str) -> list[str] | None:
     return None
 
 
-def npu_experts_layout() -> Decision | None:
-    """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
-    tree = compat.parse_module(NPU_PATCH)
-    init = compat.find_function(compat.find_class(tree, EXPERTS), "__init__") if tree else None
-    if init is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.__init__ in verl's npu_patch")
-    shape = _empty_shape(init, "gate_up_proj")
-    if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
-        return None
-    if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
-        return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} stores transformers 5's (E, 2I, H) layout")
-    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.gate_up_proj is built as {shape}")
-
-
 def _splits_transformers5_layout(func: ast.FunctionDef) -> bool:
     """``<tensor>.chunk(2, dim=1)``: gate and up cut along the second axis, as transformers 5 packs them."""
     return any(
@@ -68,21 +77,97 @@ def _splits_transformers5_layout(func: ast.FunctionDef) -> bool:
     )
 
 
+def _stream_values(method: ast.FunctionDef) -> list[ast.expr]:
+    return [
+        n.value
+        for n in ast.walk(method)
+        if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [STREAM]
+    ]
+
+
+def _keeps_names(value: ast.expr) -> bool:
+    """``params`` (0.7.0), ``params.items()``, or ``((name, <expr>) for name, param in params.items())``: names as
+    stored."""
+    if ast.unparse(value) in ("params", "params.items()"):
+        return True
+    if not (isinstance(value, ast.GeneratorExp) and len(value.generators) == 1):
+        return False
+    loop = value.generators[0]
+    return (
+        ast.unparse(loop.iter) == "params.items()"
+        and not loop.ifs
+        and isinstance(loop.target, ast.Tuple)
+        and isinstance(value.elt, ast.Tuple)
+        and len(value.elt.elts) == 2
+        and ast.unparse(value.elt.elts[0]) == ast.unparse(loop.target.elts[0])
+    )
+
+
+def _quantizes(value: ast.expr) -> bool:
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr == "quantize_with_fusion"
+        and [ast.unparse(a) for a in value.args[:1]] == [STREAM]
+    )
+
+
+def _unfuses(value: ast.expr) -> bool:
+    """``unfuse_moe_params(per_tensor_param, <model type>)``, by the module's name."""
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == FUNCTION
+        and len(value.args) == 2
+        and not value.keywords
+        and ast.unparse(value.args[0]) == STREAM
+    )
+
+
+def _per_tensor_param(caller: ast.Module | None) -> ast.FunctionDef | None:
+    return compat.find_function(compat.find_class(caller, ENGINE), "get_per_tensor_param")
+
+
+def _stream_shape(method: ast.FunctionDef) -> str | None:
+    """ "stored" (verl 0.7 / 0.8), "unfused" (verl 0.9), or None: a stream built some other way."""
+    values = _stream_values(method)
+    unfused = [v for v in values if _unfuses(v)]
+    if not values or not all(_keeps_names(v) or _quantizes(v) or _unfuses(v) for v in values):
+        return None
+    if not unfused and not compat.calls(method, FUNCTION):
+        return "stored"
+    return "unfused" if len(unfused) == 1 and len(compat.call_nodes(method, FUNCTION)) == 1 else None
+
+
+def npu_experts_layout() -> Decision | None:
+    """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
+    init = compat.find_function(compat.find_class(compat.tree(NPU_PATCH), EXPERTS), "__init__")
+    if init is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.__init__ in verl's npu_patch")
+    shape = _empty_shape(init, "gate_up_proj")
+    if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
+        return None
+    if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
+        return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} stores transformers 5's (E, 2I, H) layout")
+    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.gate_up_proj is built as {shape}")
+
+
 def _streams_as_stored(caller: ast.Module | None) -> Decision:
-    """verl 0.7 / 0.8: ``get_per_tensor_param`` sends packed experts as they are stored (verl's NPU block: the
-    checkpoint layout, which vLLM's loader reads). Anything but that shape or verl 0.9's call is unrecognized."""
-    method = compat.find_function(compat.find_class(caller, "FSDPEngine"), "get_per_tensor_param") if caller else None
+    method = _per_tensor_param(caller)
     if method is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no FSDPEngine.get_per_tensor_param in {CALLER}")
-    if compat.calls(method, FUNCTION) or compat.mentions(method, "gate_up_proj"):
-        return Decision(Verdict.UNRECOGNIZED, "get_per_tensor_param splits packed experts, not as verl 0.9 does")
-    return Decision(Verdict.NOT_USED, "get_per_tensor_param sends packed experts as they are stored")
+        return Decision(Verdict.UNRECOGNIZED, f"no {ENGINE}.get_per_tensor_param in {CALLER}")
+    if _stream_shape(method) == "stored":
+        return Decision(Verdict.NOT_USED, "get_per_tensor_param sends packed experts as they are stored (verl 0.7/0.8)")
+    return Decision(Verdict.UNRECOGNIZED, "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do")
 
 
 def decide_utils(tree: ast.Module) -> Decision:
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return _streams_as_stored(compat.parse_module(CALLER))
+        return _streams_as_stored(compat.tree(CALLER))
+    parameters = compat.parameters(func)
+    if parameters[:1] != ["weights"] or "model_type" not in parameters:  # what the wrapper reads; the rest pass
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (weights, ..., model_type, ...)")
     if not (compat.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)")
     return npu_experts_layout() or Decision(
@@ -91,48 +176,60 @@ def decide_utils(tree: ast.Module) -> Decision:
 
 
 def decide_caller(tree: ast.Module) -> Decision:
-    method = compat.find_function(compat.find_class(tree, "FSDPEngine"), "get_per_tensor_param")
-    if method is None or not compat.calls(method, FUNCTION):
+    method = _per_tensor_param(tree)
+    shape = _stream_shape(method) if method is not None else None
+    if shape == "stored":
         return _streams_as_stored(tree)
-    utils = compat.parse_module(UTILS)
-    if utils is None or compat.find_function(utils, FUNCTION) is None:
+    if shape is None:
+        return Decision(
+            Verdict.UNRECOGNIZED, "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do"
+        )
+    utils = compat.tree(UTILS)
+    if compat.find_function(utils, FUNCTION) is None:
         return Decision(Verdict.UNRECOGNIZED, f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks")
     return decide_utils(utils)
 
 
-def _npu_block_in_use() -> bool:
-    """Whether transformers' Qwen3-VL-MoE module builds verl's NPU block (what ``apply_npu_patches`` swaps in)."""
-    import sys
-
-    npu_patch = sys.modules.get(NPU_PATCH)
-    modeling = sys.modules.get("transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe")
-    block = getattr(npu_patch, "NPUQwen3VLMoeTextSparseMoeBlock", None)
-    return block is not None and getattr(modeling, "Qwen3VLMoeTextSparseMoeBlock", None) is block
+def _reads_state_dict(method: ast.FunctionDef) -> bool:
+    return compat.calls(method, "state_dict")
 
 
-def _layout_aware(unfuse):
-    def unfuse_moe_params(weights, model_type: str | None = None):
-        """verl's ``unfuse_moe_params``, fed verl's NPU Qwen3-VL-MoE experts in transformers 5's layout."""
-        if model_type == "qwen3_vl_moe" and _npu_block_in_use():
-            from verl_qwen3vl_plugin.models.npu_qwen3_vl_moe import experts_to_transformers5_layout
-
-            weights = experts_to_transformers5_layout(weights)
-        return unfuse(weights, model_type)
-
-    unfuse_moe_params.__wrapped__ = unfuse
-    return unfuse_moe_params
+def decide_shard_export(tree: ast.Module) -> Decision:
+    engine = compat.find_class(tree, ENGINE)
+    if engine is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {ENGINE} in {CALLER}")
+    readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and _reads_state_dict(f)}
+    unknown = sorted(readers - STATE_DICT_READERS)
+    if unknown:
+        return Decision(Verdict.UNRECOGNIZED, f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way")
+    if SHARD_EXPORT not in readers:
+        return Decision(Verdict.NOT_USED, f"{ENGINE} has no shard export (verl 0.7/0.8)")
+    layout = npu_experts_layout()
+    if layout is not None:
+        return layout
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        f"{SHARD_EXPORT} (the delta checkpoint engine's export) sends verl's NPU experts in their (E, H, 2I) layout "
+        "under transformers 5's names; not patched: use the full weight sync for Qwen3-VL-MoE on Ascend",
+    )
 
 
 def _apply(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_weight_sync import layout_aware
+
     current = getattr(module, FUNCTION)
-    if current.__module__ != __name__:  # the caller binds utils' name at import: it may hold the replacement already
-        setattr(module, FUNCTION, _layout_aware(current))
+    if current.__module__ != layout_aware.__module__:  # the caller binds utils' name at import: it may hold ours
+        setattr(module, FUNCTION, layout_aware(current))
 
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_weight_sync",
     group=NPU,
-    targets=(Target(UTILS, decide_utils, _apply), Target(CALLER, decide_caller, _apply)),
+    targets=(
+        Target(UTILS, decide_utils, _apply),
+        Target(CALLER, decide_caller, _apply),
+        Target(CALLER, decide_shard_export, None, name=f"{ENGINE}.{SHARD_EXPORT}"),
+    ),
     devices=("npu",),
     why=(
         "verl 0.9's weight sync splits packed experts as transformers 5 lays them out, while verl's Ascend "
@@ -145,5 +242,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6896", "verl#6923"),
     remove_when="verl's NPU Qwen3-VL-MoE block stores transformers 5's expert layout, or its weight sync reads it.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
 )

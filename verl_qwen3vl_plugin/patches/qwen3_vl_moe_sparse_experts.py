@@ -1,11 +1,15 @@
 """Patch ``qwen3_vl_moe_sparse_experts``: one sparse, grouped ``Qwen3VLMoeTextExperts.forward`` for training and eval
 (transformers 4.57.x).
 
-Target: transformers' Qwen3-VL-MoE modeling module. Known shapes:
-- transformers 4.57 (affected): ``forward(self, hidden_states, routing_weights, router_indices)`` with a dense eval
+Target: transformers' Qwen3-VL-MoE modeling module. Known shapes (the probe's whole knowledge):
+- affected, transformers 4.57: ``forward(self, hidden_states, routing_weights, router_indices)`` with a dense eval
   branch (``hidden_states.repeat(...)`` and ``torch.bmm`` over all experts) and a Python loop over experts;
-- transformers 5 (fixed): the class is decorated ``@use_experts_implementation`` (grouped_mm by default; its eager
-  path is a sparse loop in both modes).
+- fixed upstream, transformers 5: the class is decorated ``@use_experts_implementation`` (bare, as imported from
+  ``integrations``), and its own ``forward``, the eager path, computes no dense product over all experts (no
+  ``repeat``, ``bmm``, ``matmul`` or ``einsum``).
+
+Where verl's Ascend ``npu_patch`` replaces the whole sparse MoE block (verl 0.7.0 to 0.9.1), the patched experts never
+run: the patch is applied but dormant there.
 """
 
 from __future__ import annotations
@@ -21,18 +25,38 @@ EXPERTS = "Qwen3VLMoeTextExperts"
 SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
 
+DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
+NPU_PATCH = "verl.models.transformers.npu_patch"
+BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
+
+
 def decide(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, EXPERTS)
     forward = compat.find_function(cls, "forward")
     if cls is None or forward is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward in this transformers")
-    if any(ast.unparse(d) == "use_experts_implementation" for d in cls.decorator_list):
+    dense = [op for op in DENSE_OPS if compat.calls(forward, op)]
+    decorators = [ast.unparse(d) for d in cls.decorator_list]
+    if decorators == ["use_experts_implementation"]:
+        if dense:
+            return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS} dispatches on experts_implementation, but calls {dense}")
         return Decision(
-            Verdict.FIXED_UPSTREAM, f"{EXPERTS} dispatches on experts_implementation (sparse in every mode)"
+            Verdict.FIXED_UPSTREAM, f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (tf 5)"
         )
-    if compat.parameters(forward) == SIGNATURE and compat.calls(forward, "repeat") and compat.calls(forward, "bmm"):
+    if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
         return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token in eval, loops in training")
     return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
+
+
+def replaced_on_npu(devices: dict[str, bool]) -> str | None:
+    """On Ascend, verl's npu_patch sets its own block in place of transformers' (and, with it, these experts)."""
+    npu_patch = compat.tree(NPU_PATCH) if devices.get("npu") else None
+    if npu_patch is not None and any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == BLOCK for t in n.targets)
+        for n in ast.walk(npu_patch)
+    ):
+        return f"verl's npu_patch replaces {BLOCK}, and with it these experts, on this NPU machine"
+    return None
 
 
 # The experts classes patched in this process, each with transformers' own forward, kept before it was replaced.
@@ -45,7 +69,7 @@ def upstream_forward(cls: type):
 
 
 def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.models.qwen3_vl_moe_experts import sparse_experts_forward
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
     cls = getattr(module, EXPERTS)
     _upstream.setdefault(cls, cls.__dict__["forward"])
@@ -63,10 +87,12 @@ PATCH = Patch(
         "over experts in Python in training; the two modes also give different log-probs for the same input."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.qwen3_vl_moe_experts.sparse_experts_forward replaces the experts' forward: "
+        "verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts.sparse_experts_forward"
+        " replaces the experts' forward: "
         "pairs sorted by expert, one grouped GEMM per projection, the same kernels and bits in training and eval."
     ),
     upstream=("transformers#42697",),
     remove_when="transformers >= 5 (sparse experts_implementation) is the oldest transformers Qwen3-VL-MoE runs on.",
-    selftest="verl_qwen3vl_plugin.selftest.moe_experts",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts",
+    dormant=replaced_on_npu,
 )

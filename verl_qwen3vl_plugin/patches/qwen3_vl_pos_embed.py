@@ -4,6 +4,14 @@
 Targets: transformers' two Qwen3-VL modeling modules (set the plugin's function on the vision class), and verl's
 ``monkey_patch`` module, whose ``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copy while building a model:
 it is wrapped to put the plugin's function back afterwards.
+
+Known shapes (the probes' whole knowledge):
+- affected, transformers 4.57 to 5.8: the vision ``forward`` calls ``self.fast_pos_embed_interpolate``, a method of
+  ``(self, grid_thw)``;
+- not used, transformers >= 5.9: the module imports ``get_vision_bilinear_indices_and_weights`` from
+  ``vision_utils`` and the vision ``forward`` calls it by that name on ``grid_thw`` (the method is no longer called);
+- ``apply_monkey_patch``, any verl: wrapped. verl >= 0.8 sets its own method there, verl 0.7 does not; the wrapper is
+  right either way, so there is no "not used" verdict to reach by not seeing an assignment.
 """
 
 from __future__ import annotations
@@ -27,11 +35,30 @@ VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 _upstream: dict[type, object] = {}
 
 
-def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
-    """Affected: the vision ``forward`` calls ``self.fast_pos_embed_interpolate`` (transformers 4.57 to 5.8).
+def _imports_fixed_helper(tree: ast.Module) -> bool:
+    """``from ...vision_utils import get_vision_bilinear_indices_and_weights``, at the top of the module."""
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "vision_utils"
+        and n.level > 0
+        and any(a.name == FIXED_HELPER and a.asname is None for a in n.names)
+        for n in tree.body
+    )
 
-    Fixed: it calls ``get_vision_bilinear_indices_and_weights`` instead (5.9 and later).
-    """
+
+def _calls_fixed_helper_on_grid(forward: ast.FunctionDef) -> bool:
+    """``get_vision_bilinear_indices_and_weights(grid_thw, ...)``, by its bare name."""
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == FIXED_HELPER
+        and n.args
+        and ast.unparse(n.args[0]) == "grid_thw"
+        for n in ast.walk(forward)
+    )
+
+
+def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, cls_name)
     forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
     if forward is None:
@@ -40,19 +67,26 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
         if method is None or compat.parameters(method) != ["self", "grid_thw"]:
             return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
         return Decision(Verdict.APPLY, f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device")
-    if compat.calls(forward, FIXED_HELPER):
-        return Decision(Verdict.NOT_USED, f"{cls_name}.forward calls {FIXED_HELPER} (on grid_thw's device)")
-    return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER}")
+    if _imports_fixed_helper(tree) and _calls_fixed_helper_on_grid(forward):
+        return Decision(
+            Verdict.NOT_USED, f"{cls_name}.forward calls vision_utils.{FIXED_HELPER} on grid_thw (transformers >= 5.9)"
+        )
+    return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER} as known")
 
 
 def decide_monkey_patch(tree: ast.Module) -> Decision:
-    """Needed where verl's ``apply_monkey_patch`` sets its own ``fast_pos_embed_interpolate`` (verl >= 0.8)."""
+    """Wrapping is right on any ``apply_monkey_patch``: the wrapper passes every argument through and, after it
+    returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
     func = compat.find_function(tree, "apply_monkey_patch")
     if func is None:
         return Decision(Verdict.UNRECOGNIZED, "verl's monkey_patch has no apply_monkey_patch")
     if compat.assigns_attribute(func, METHOD):
-        return Decision(Verdict.APPLY, f"apply_monkey_patch sets verl's {METHOD}: the plugin's is put back after it")
-    return Decision(Verdict.NOT_USED, f"apply_monkey_patch leaves {METHOD} alone")
+        return Decision(
+            Verdict.APPLY, f"apply_monkey_patch sets verl's {METHOD} (verl >= 0.8): the plugin's is put back"
+        )
+    return Decision(
+        Verdict.APPLY, f"apply_monkey_patch sets no {METHOD} as verl 0.8 does (verl 0.7): wrapped all the same"
+    )
 
 
 def upstream_method(cls: type):
@@ -61,7 +95,7 @@ def upstream_method(cls: type):
 
 
 def _set_ours(cls: type) -> None:
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
 
     setattr(cls, METHOD, fast_pos_embed_interpolate)
 
@@ -103,10 +137,12 @@ PATCH = Patch(
         "loops over images in Python with a host sync per patch list."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.qwen3_vl.fast_pos_embed_interpolate replaces the method on both vision classes: "
+        "verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed.fast_pos_embed_interpolate"
+        " replaces the method on both "
+        "vision classes: "
         "computed on grid_thw's device, vectorized, one host sync per call, bit-identical output."
     ),
     upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
     remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL with.",
-    selftest="verl_qwen3vl_plugin.selftest.pos_embed",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed",
 )

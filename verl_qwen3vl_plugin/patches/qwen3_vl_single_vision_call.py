@@ -94,7 +94,7 @@ def upstream_function(module: ModuleType) -> Callable:
 
 
 def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.models.qwen3_vl_input_embeds import get_input_embeds
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
 
     _upstream.setdefault(module.__name__, getattr(module, FUNCTION))
     setattr(module, FUNCTION, get_input_embeds)
@@ -111,12 +111,13 @@ PATCH = Patch(
         "two calls while its peers make one: the run hangs (NCCL), exchanges wrong parameters, or fails (gloo)."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.qwen3_vl_input_embeds.get_input_embeds replaces verl's _get_input_embeds: "
+        "verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call.get_input_embeds"
+        " replaces verl's _get_input_embeds: "
         "images and videos through the tower in one call, split back and scattered as verl does; text-only keeps "
         "verl's one dummy call; one host sync."
     ),
     upstream=("verl#7323", "verl#3491"),
     remove_when="verl's Qwen3-VL _get_input_embeds makes one vision-tower call per micro-batch in the oldest verl "
     "you run.",
-    selftest="verl_qwen3vl_plugin.selftest.vision_call",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_single_vision_call",
 )

@@ -13,7 +13,6 @@ The wrapper does nothing until verl sets a Ulysses group of more than one rank.
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
@@ -54,16 +53,6 @@ def decide_verl(tree: ast.Module | None) -> Decision:
     return Decision(Verdict.UNRECOGNIZED, f"verl's apply_monkey_patch does not call {VERL_SLICER} for Qwen3-VL")
 
 
-@lru_cache(maxsize=1)
-def _installed_verl_decision() -> Decision:
-    """``decide_verl`` on the installed verl, parsed once for both vision targets."""
-    source = compat.module_source(VERL_MONKEY_PATCH)
-    try:
-        return decide_verl(ast.parse(source) if source is not None else None)
-    except SyntaxError:
-        return decide_verl(None)
-
-
 def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
     if forward is None:
@@ -72,7 +61,7 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
     if not _returns_embeds_and_deepstack(forward):
         return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward returns neither a pair nor {OUTPUT_CLASS}")
-    verl = _installed_verl_decision()
+    verl = decide_verl(compat.tree(VERL_MONKEY_PATCH))
     if verl.verdict is not Verdict.APPLY:
         return verl
     reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
@@ -80,7 +69,7 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
 
 
 def _apply_to_vision_class(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.models.vision_dp import vision_dp_forward
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import vision_dp_forward
 
     cls = getattr(module, VISION_CLASSES[module.__name__])
     cls.forward = vision_dp_forward(cls.__dict__["forward"])
@@ -101,12 +90,13 @@ PATCH = Patch(
         "backward, and holds its activations. At SP 8 that is 8 times the vision work."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.vision_dp.vision_dp_forward wraps the vision forward: contiguous runs of whole "
+        "verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp.vision_dp_forward"
+        " wraps the vision forward: contiguous runs of whole "
         "images, balanced by patch count, one per rank (a one-token dummy for a rank without one); embeddings and "
         "deepstack features all-gathered back in order; their backward sums over the group."
     ),
     upstream=("verl#5230",),
     remove_when="verl shards the vision tower over the Ulysses group itself (verl#5230 or a successor) in the "
     "oldest verl you run.",
-    selftest="verl_qwen3vl_plugin.selftest.vision_dp",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_vision_dp",
 )

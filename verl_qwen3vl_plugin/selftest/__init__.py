@@ -9,13 +9,24 @@ wheel can run the self-test; they are never used in training.
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from verl_qwen3vl_plugin.registry import Decision, Patch, Target
 
 
 class Check(NamedTuple):
     name: str
     ok: bool
     detail: str
+
+
+def installed_decision(patch: Patch, target: Target) -> Decision:
+    """The probe's decision on the installed code, whatever the user disabled: a self-test checks the patch itself."""
+    from verl_qwen3vl_plugin.compat import installed
+    from verl_qwen3vl_plugin.registry import decide
+
+    return decide(patch, target, installed(target.module), frozenset())
 
 
 def run() -> list[Check]:

@@ -65,7 +65,7 @@ def run_block(
 
 
 @contextlib.contextmanager
-def _on_the_cpu(transformer_impl) -> Iterator[None]:
+def on_the_cpu(transformer_impl) -> Iterator[None]:
     """verl's memory log and device id ask the accelerator; on the CPU they are the only stand-ins."""
     saved = transformer_impl.log_gpu_memory_usage, transformer_impl.get_device_id
     transformer_impl.log_gpu_memory_usage = lambda *args, **kwargs: None
@@ -87,6 +87,6 @@ def engine_weight_stream(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         _is_offload_param=False,
         _qat_enabled=False,
     )
-    with _on_the_cpu(transformer_impl):
+    with on_the_cpu(transformer_impl):
         weights, _ = transformer_impl.FSDPEngine.get_per_tensor_param(engine)
         return dict(weights)

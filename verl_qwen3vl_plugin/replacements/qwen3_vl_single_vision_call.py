@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verl_qwen3vl_plugin.models.vision_dp import split_output
+from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import split_output
 
 DUMMY_GRID = [1, 4, 4]  # verl's dummy image for a text-only micro-batch
 

@@ -3,7 +3,7 @@
 streams to the rollout against what it streams for transformers' own model.
 
 Importing verl's ``npu_patch`` rewires transformers for the rest of its process, so ``run()`` runs the checks in a
-child process (``python -m verl_qwen3vl_plugin.selftest.npu_moe``).
+child process (``python -m verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check
+from verl_qwen3vl_plugin.selftest import Check, installed_decision
 from verl_qwen3vl_plugin.selftest.moe_blocks import BlockRun
 
 TOLERANCE = 1e-5  # absolute and relative, per tensor: outputs, input gradients, parameter gradients
@@ -60,12 +60,12 @@ def _with_experts_forward(experts_forward):
 
 def checks_here() -> list[Check]:
     """The checks, in this process (which they leave with verl's npu_patch imported)."""
-    from verl_qwen3vl_plugin.compat import module_source
+    from verl_qwen3vl_plugin.hooks import install
     from verl_qwen3vl_plugin.patches import PATCHES
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe as routing
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
-    from verl_qwen3vl_plugin.registry import NPU, Verdict, decide, install_group
+    from verl_qwen3vl_plugin.registry import NPU, Verdict
     from verl_qwen3vl_plugin.selftest.moe_blocks import (
         block_input,
         block_pair,
@@ -78,7 +78,7 @@ def checks_here() -> list[Check]:
 
     verdicts, checks = {}, []
     for patch in (p for p in PATCHES if p.selftest == __spec__.name):  # the patches whose checks live here
-        verdict, reason = decide(patch, patch.targets[0], module_source(patch.targets[0].module))
+        verdict, reason = installed_decision(patch, patch.targets[0])
         verdicts[patch.name] = verdict
         checks.append(
             Check(f"{patch.name} decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")
@@ -97,7 +97,7 @@ def checks_here() -> list[Check]:
         npu_cls = getattr(npu_patch, routing.BLOCK)
         experts_cls = getattr(npu_patch, sparse_eval.EXPERTS)
         verl_forward, verl_experts_forward = npu_cls.forward, experts_cls.forward
-        install_group(NPU)
+        install(NPU)
         hf, npu = block_pair(hf_cls, npu_cls, num_experts=4)
         if verdicts[routing.PATCH.name] is Verdict.APPLY:
             try:

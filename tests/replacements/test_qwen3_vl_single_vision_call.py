@@ -8,11 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import VERL, child_json, last_json, run_child
-from verl_qwen3vl_plugin.compat import module_source
+from tests.helpers import VERL, child_json, judge, last_json, run_child, source_text
 from verl_qwen3vl_plugin.patches import qwen3_vl_single_vision_call as spec
-from verl_qwen3vl_plugin.registry import Verdict, decide
-from verl_qwen3vl_plugin.selftest import vision_call
+from verl_qwen3vl_plugin.registry import Verdict
+from verl_qwen3vl_plugin.selftest import qwen3_vl_single_vision_call as vision_call
 
 FSDP_CASES = ["image_video_vs_images", "image_video_vs_text", "video_vs_image"]
 HANG_CASES = FSDP_CASES[:2]  # where verl's own forward makes two tower calls on rank 0 and one on rank 1
@@ -22,12 +21,12 @@ LOG_PROB_ATOL, GRAD_RTOL = 1e-5, 1e-5
 COLLECTIVE_TIMEOUT_S, WALL_TIMEOUT_S = 10, 60
 
 
-SOURCE = module_source(spec.TARGET)
+SOURCE = source_text(spec.TARGET)
 VIDEO_CALL = "model.visual(pixel_values_videos, grid_thw=video_grid_thw)"
 
 
 def verdict(source: str) -> Verdict:
-    return decide(spec.PATCH, spec.PATCH.targets[0], source)[0]
+    return judge(spec.PATCH, spec.PATCH.targets[0], source)[0]
 
 
 def test_installed_verl_applies():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 
 import torch
@@ -19,13 +18,12 @@ def references() -> dict[str, Callable]:
     """Upstream interpolations installed here: transformers' own (where its forward calls it) and verl's fix."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from verl_qwen3vl_plugin.compat import module_source
+    from verl_qwen3vl_plugin.compat import tree
     from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import decide_vision_class, upstream_method
     from verl_qwen3vl_plugin.registry import Verdict
 
     references = {}
-    tree = ast.parse(module_source(modeling_qwen3_vl.__name__))
-    if decide_vision_class("Qwen3VLVisionModel", tree).verdict is Verdict.APPLY:
+    if decide_vision_class("Qwen3VLVisionModel", tree(modeling_qwen3_vl.__name__)).verdict is Verdict.APPLY:
         references["transformers"] = upstream_method(modeling_qwen3_vl.Qwen3VLVisionModel)
     try:
         from verl.models.transformers.qwen3_vl import fast_pos_embed_interpolate as verl_version
@@ -65,7 +63,7 @@ def gradient_check(impl: Callable, reference: Callable, name: str, grid: list, h
 
 
 def run() -> list[Check]:
-    from verl_qwen3vl_plugin.models.qwen3_vl import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     checks = []

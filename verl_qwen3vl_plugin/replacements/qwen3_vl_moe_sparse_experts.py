@@ -8,32 +8,59 @@ the whole parameter per expert. The two modes run different kernels, so recomput
 training forward's even on-policy.
 
 How: the (token, expert) pairs are sorted by expert (a stable sort), gathered once, and each projection is one
-grouped GEMM over the contiguous per-expert row blocks: ``torch._grouped_mm`` where the device, dtype and strides
-allow it, otherwise a loop over experts on contiguous slices after one host sync for the block sizes. Rows are
-weighted, put back in (token, k) order by a gather and summed over k: no atomics, so a given input gives the same
-bits in either mode. Parameters keep their layout ((E, H, 2I) and (E, I, H)); gradients reach both projections, the
-routing weights and the input.
+grouped GEMM over the contiguous per-expert row blocks: ``torch._grouped_mm`` where it is known to be right
+(``grouped_mm_is_right``), otherwise a loop over experts on contiguous slices after one host sync for the block
+sizes. Rows are weighted, put back in (token, k) order by a gather and summed over k: no atomics, so a given input
+gives the same bits in either mode. Parameters keep their layout ((E, H, 2I) and (E, I, H)); gradients reach both
+projections, the routing weights and the input; an expert with no tokens gets exactly zero.
 
 When it applies, and when it can be removed: the ``qwen3_vl_moe_sparse_experts`` spec.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 from torch import nn
 
-__all__ = ["grouped_experts", "sparse_experts_forward"]
+__all__ = ["grouped_experts", "grouped_mm_is_right", "sparse_experts_forward"]
+logger = logging.getLogger("verl_qwen3vl_plugin")
 
 
-def _grouped_mm_supported(rows: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` runs these operands: CPU, or CUDA bf16 on a Hopper-class device (SM 9.0+)."""
-    if not hasattr(torch, "_grouped_mm") or rows.dtype != weight.dtype:
-        return False
-    if rows.device.type == "cpu":
-        return rows.dtype in (torch.float32, torch.bfloat16)
-    if rows.device.type == "cuda":
-        return rows.dtype == torch.bfloat16 and torch.cuda.get_device_capability(rows.device)[0] >= 9
+def grouped_mm_is_right(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` is known to be right here: CUDA bf16 on compute capability 9.x (on 10.x its
+    backward gives experts with no tokens a non-zero gradient, pytorch#172439), or the CPU where it runs right."""
+    if device.type == "cuda":
+        return (
+            dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] == 9 and _runs_right(device, dtype)
+        )
+    if device.type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16) and _runs_right(device, dtype)
     return False
+
+
+@functools.cache
+def _runs_right(device: torch.device, dtype: torch.dtype) -> bool:
+    """Tried once per device and dtype, not read off the symbol (torch >= 2.6 is allowed, the CPU kernel is newer):
+    a product of three groups, the middle one empty, must match a loop, and its weight must get exactly zero
+    gradient."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            generator = torch.Generator().manual_seed(0)
+            rows = torch.randn(5, 16, generator=generator).to(device, dtype).requires_grad_()
+            weight = torch.randn(3, 16, 8, generator=generator).to(device, dtype).requires_grad_()
+            offsets = torch.tensor([2, 2, 5], dtype=torch.int32, device=device)
+            out = torch._grouped_mm(rows, weight, offs=offsets)
+            out.float().square().sum().backward()
+        loop = torch.cat([rows[:2] @ weight[0], rows[2:] @ weight[2]])
+        return bool(torch.allclose(out.float(), loop.float(), rtol=2e-2, atol=2e-2) and (weight.grad[1] == 0).all())
+    except Exception as exc:  # the kernel rejects this device, dtype or build: the loop it is
+        logger.info("verl-qwen3vl-plugin: torch._grouped_mm not used on %s %s (%s)", device, dtype, exc)
+        return False
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -56,7 +83,7 @@ def grouped_experts(
     ``use_grouped_mm=False`` forces the fallback loop (one host sync for ``counts``); None picks by support.
     """
     if use_grouped_mm is None:
-        use_grouped_mm = _grouped_mm_supported(rows, weight)
+        use_grouped_mm = rows.dtype == weight.dtype and grouped_mm_is_right(rows.device, rows.dtype)
     if use_grouped_mm:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         return _ContiguousGrad.apply(torch._grouped_mm(rows.contiguous(), weight.contiguous(), offs=offsets))

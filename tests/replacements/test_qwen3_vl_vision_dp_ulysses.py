@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import child_json
-from verl_qwen3vl_plugin.models.vision_dp import assign
+from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
 from verl_qwen3vl_plugin.selftest.tiny_models import VISION
 
 CASES = {  # the child's cases, as patch counts per tower call (images, then videos)
@@ -33,7 +33,7 @@ def run(kind: str, cases: list[str], *args: str, env: dict[str, str] | None = No
     assert not errors, errors[0]
     for r in results:
         assert r["vision_dp_applied"] is (env is None), r
-        assert (r["tower"] == "verl_qwen3vl_plugin.models.vision_dp") is (env is None), r
+        assert (r["tower"] == "verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp") is (env is None), r
     return results
 
 

@@ -17,7 +17,7 @@ OFF = {"VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_eval_and_training_log_probs_identical_with_the_plugin(dtype):
     result = child_json("actor_log_probs.py", dtype)
-    assert result["experts_forward"] == "verl_qwen3vl_plugin.models.qwen3_vl_moe_experts"
+    assert result["experts_forward"] == "verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts"
     assert result["equal"], result
 
 

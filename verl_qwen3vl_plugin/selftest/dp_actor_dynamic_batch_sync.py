@@ -7,7 +7,7 @@ them differ (what hangs FSDP). Where the patch does not apply (verl >= 0.8 has n
 
 from __future__ import annotations
 
-from verl_qwen3vl_plugin.selftest import Check
+from verl_qwen3vl_plugin.selftest import Check, installed_decision
 
 SAMPLES = ([[(1, 8, 8)]] * 4, [[(1, 2, 2)]] * 4)  # per rank: four samples with one large / small image each
 MAX_TOKENS = 64  # per micro-batch: rank 0's 4 x ~30 tokens need 2, rank 1's 4 x ~14 need 1
@@ -31,7 +31,7 @@ def batch_of(rank: int):
 def _counts(rank: int) -> dict:
     from verl.utils.seqlen_balancing import prepare_dynamic_batch
 
-    from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import with_default_group
+    from verl_qwen3vl_plugin.replacements.dp_actor_dynamic_batch_sync import with_default_group
 
     data = batch_of(rank)
     return {
@@ -41,13 +41,12 @@ def _counts(rank: int) -> dict:
 
 
 def run() -> list[Check]:
-    from verl_qwen3vl_plugin.compat import module_source
     from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import PATCH
-    from verl_qwen3vl_plugin.registry import Verdict, decide
+    from verl_qwen3vl_plugin.registry import Verdict
     from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 
     target = PATCH.targets[0]
-    verdict, reason = decide(PATCH, target, module_source(target.module))
+    verdict, reason = installed_decision(PATCH, target)
     if verdict is not Verdict.APPLY:
         return [
             Check("dynamic batch counts on 2 ranks", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")

@@ -98,8 +98,8 @@ def run_one(function, model: torch.nn.Module, inputs: dict) -> dict:
 def compare(name: str, samples: list[list[tuple]]) -> Check:
     from verl.models.transformers import qwen3_vl
 
-    from verl_qwen3vl_plugin.models.qwen3_vl_input_embeds import get_input_embeds
     from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import upstream_function
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl
 
     model = randomize(tiny_qwen3_vl(), seed=0)
@@ -131,7 +131,7 @@ def compare(name: str, samples: list[list[tuple]]) -> Check:
 
 def token_mismatch() -> Check:
     """verl's token-count checks still hold: an image token short of the image's features raises."""
-    from verl_qwen3vl_plugin.models.qwen3_vl_input_embeds import get_input_embeds
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
     from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, randomize, tiny_qwen3_vl
 
     model = randomize(tiny_qwen3_vl(), seed=0)

@@ -2,12 +2,16 @@
 ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (Ascend).
 
 Target: ``verl.models.transformers.npu_patch``, which verl imports only on Ascend. Its source decides, so the verdict
-is the same, and tested, on any machine. Three shapes are known:
-- verl 0.7.1 (affected): the block scatters the top-k weights into the dense matrix only ``if not self.training``,
-  while the experts' training path reads ``routing_weights[batch_idx, router_indices]`` from that matrix;
-- verl 0.7.0 (fixed): the same eval-only scatter, but the experts' training path passes the top-k weights
-  (``probs=routing_weights``) straight to ``npu_moe_token_unpermute``;
-- verl >= 0.8 (fixed, verl PR #6131): the block scatters in every mode.
+is the same, and tested, on any machine. Known shapes (the probe's whole knowledge), each with the block's
+``forward(self, hidden_states)`` and the experts' ``forward(self, hidden_states, routing_weights, router_indices)``
+that the replacement calls:
+- affected, verl 0.7.1: the block scatters the top-k weights into the dense matrix (``scatter_``) only
+  ``if not self.training``, while the experts' training path reads ``routing_weights[batch_idx, router_indices]``
+  from that matrix;
+- fixed upstream, verl 0.7.0: the same eval-only scatter, and the experts' training path passes the top-k weights
+  (``probs=routing_weights``) straight to ``npu_moe_token_unpermute``, with no read of the dense matrix;
+- fixed upstream, verl >= 0.8 (verl PR #6131): a statement of the block's forward body itself scatters, in every mode,
+  and no branch on ``training`` scatters.
 Anything else is ``unrecognized``.
 """
 
@@ -22,6 +26,7 @@ from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
 TARGET = "verl.models.transformers.npu_patch"
 BLOCK = "NPUQwen3VLMoeTextSparseMoeBlock"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
+EXPERTS_SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
 
 def _eval_only_scatter(forward: ast.FunctionDef) -> bool:
@@ -66,18 +71,21 @@ def decide(tree: ast.Module) -> Decision:
     experts = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if block is None or experts is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch")
+    if compat.parameters(block) != ["self", "hidden_states"] or compat.parameters(experts) != EXPERTS_SIGNATURE:
+        return Decision(Verdict.UNRECOGNIZED, f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature")
     if _always_scatters(block) and not _eval_only_scatter(block):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{BLOCK}.forward scatters routing weights in every mode")
-    if _eval_only_scatter(block):
-        if _reads_dense_by_token(experts):
+        return Decision(Verdict.FIXED_UPSTREAM, f"{BLOCK}.forward scatters routing weights in every mode (verl >= 0.8)")
+    if _eval_only_scatter(block) and not _always_scatters(block):
+        reads, unpermutes = _reads_dense_by_token(experts), _unpermutes_with_top_k(experts)
+        if reads and not unpermutes:
             return Decision(Verdict.APPLY, f"{BLOCK}.forward scatters routing weights only in eval; fixed to always")
-        if _unpermutes_with_top_k(experts):
-            return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} takes the top-k weights directly in training")
+        if unpermutes and not reads:
+            return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} takes the top-k weights directly in training (0.7.0)")
     return Decision(Verdict.UNRECOGNIZED, f"{BLOCK} and {EXPERTS} match no known verl release's routing")
 
 
 def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.models.npu_qwen3_vl_moe import sparse_moe_block_forward
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import sparse_moe_block_forward
 
     getattr(module, BLOCK).forward = sparse_moe_block_forward
 
@@ -92,10 +100,11 @@ PATCH = Patch(
         "read it in training too: reward stays flat and ppo_kl is orders of magnitude below the GPU run."
     ),
     how=(
-        "verl_qwen3vl_plugin.models.npu_qwen3_vl_moe.sparse_moe_block_forward replaces the block's forward: "
+        "verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing.sparse_moe_block_forward"
+        " replaces the block's forward: "
         "the same routing, scattered in every mode."
     ),
     upstream=("verl#6131",),
     remove_when="verl 0.7.1 is no longer run on Ascend.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
 )

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check
+from verl_qwen3vl_plugin.selftest import Check, installed_decision
 
 FP32_TOLERANCE = 1e-5  # relative, and absolute in units of the largest reference entry
 BF16_TOLERANCE = 2e-2  # bf16 against an fp32 reference: relative to the largest reference entry
@@ -75,12 +75,11 @@ def tiny_experts(**text: int) -> tuple[torch.nn.Module, object]:
 def run() -> list[Check]:
     from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe
 
-    from verl_qwen3vl_plugin.compat import module_source
-    from verl_qwen3vl_plugin.models.qwen3_vl_moe_experts import sparse_experts_forward
     from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH, upstream_forward
-    from verl_qwen3vl_plugin.registry import Verdict, decide
+    from verl_qwen3vl_plugin.registry import Verdict
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
-    verdict, reason = decide(PATCH, PATCH.targets[0], module_source(modeling_qwen3_vl_moe.__name__))
+    verdict, reason = installed_decision(PATCH, PATCH.targets[0])
     checks = [Check("moe experts decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")]
     if verdict is not Verdict.APPLY:
         return checks

@@ -40,7 +40,7 @@ def compare(grid: list[list[int]]) -> dict:
     import torch.distributed as dist
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
-    from verl_qwen3vl_plugin.models.vision_dp import split_output, vision_dp_forward
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import split_output, vision_dp_forward
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
     cls, tower = _towers()
@@ -87,7 +87,7 @@ def mismatch(rank: int) -> str:
     import torch.distributed as dist
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
-    from verl_qwen3vl_plugin.models.vision_dp import vision_dp_forward
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import vision_dp_forward
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
     cls, tower = _towers()
@@ -107,7 +107,7 @@ def _compare_cases(rank: int) -> dict:
 
 
 def run() -> list[Check]:
-    from verl_qwen3vl_plugin.models.vision_dp import assign
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
     from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION
 

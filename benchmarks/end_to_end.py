@@ -1,0 +1,175 @@
+"""Benchmark: what the plugin buys end to end, one actor step of verl with every patch on against every patch off.
+
+Each patch has a benchmark of the code it replaces; this one measures them together where verl runs them: verl
+0.7.1's real ``DataParallelPPOActor``, ``compute_log_prob`` with entropy (as verl's worker calls it), then
+``update_policy`` (one optimizer step, learning rate 0, so every step does the same work), on two gloo ranks of 1
+thread each, Ulysses SP = 2, FSDP2 (``selftest.ulysses.shard``), with the CPU stand-ins of
+``verl_qwen3vl_plugin.selftest.ulysses``. The model is the suite's tiny Qwen3-VL-MoE; the batch alternates samples
+of 1 and 2 geo3k-sized images, in micro-batches of 4, one mini-batch.
+
+The patches install at ``import verl``, so the two modes cannot share ranks: each repeat starts a fresh pair of
+ranks with the plugin on, then a fresh pair with ``VERL_QWEN3VL_PLUGIN_DISABLE=all``, both without any other plugin
+switch in their environment (as ``tests/helpers.py`` starts its children); each rank checks that it runs the mode it
+was started for. Each pair makes ``--warmup`` untimed steps, then times one; a call's time is the slower rank's (the
+step waits for it). The table shows the medians per call over the pairs, the off / on ratio, and each rank's peak
+resident set. The ratio is what the patches save at these shapes on a CPU, not a forecast for a 30B model on
+accelerators, where the shares of vision, experts and attention in a step differ.
+
+    python benchmarks/end_to_end.py [--samples 8] [--repeats 5] [--warmup 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from vision_dp import GEO3K_GRIDS  # benchmarks/vision_dp.py, beside this script: the same image sizes
+
+from verl_qwen3vl_plugin.registry import DISABLE_ENV
+
+SP, MICRO = 2, 4
+PLUGIN_SWITCHES = ("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN")  # stripped before every pair, as tests/helpers.py
+CALLS = ("compute_log_prob", "update_policy")
+
+
+def samples_of(count: int) -> list[list[tuple[int, int, int]]]:
+    """``count`` samples of 1 and 2 images in turn, the images taking the geo3k grids in turn."""
+    grids = itertools.cycle(GEO3K_GRIDS)
+    return [[next(grids) for _ in range(1 + i % 2)] for i in range(count)]
+
+
+def _check_mode(plugin: bool, vision_forward: Callable) -> list[str]:
+    """The names of the applied patches; raises unless the rank runs the mode it was started for."""
+    from verl_qwen3vl_plugin import Status, patch_statuses
+    from verl_qwen3vl_plugin.patches import PATCHES
+
+    statuses = patch_statuses()
+    applied = sorted({s.patch for s in statuses if s.status is Status.APPLIED})
+    module = vision_forward.__module__
+    if plugin:  # a target still pending is one whose module this process never imports (verl's critic here)
+        everywhere = {patch.name for patch in PATCHES if patch.devices is None}
+        wrong = [
+            f"{s.patch} on {s.target}: {s.status.value}"
+            for s in statuses
+            if s.patch in everywhere and s.status not in (Status.APPLIED, Status.PENDING)
+        ]
+        wrong += [f"{name}: not applied" for name in sorted(everywhere - set(applied))]
+        if wrong or not module.startswith("verl_qwen3vl_plugin."):
+            raise RuntimeError(f"plugin on, but: {wrong}; vision forward from {module}")
+    elif applied or not module.startswith("transformers."):
+        raise RuntimeError(f"plugin off, but applied: {applied}; vision forward from {module}")
+    return applied
+
+
+def _timed(call: Callable[[], object]) -> float:
+    """Seconds ``call`` took on the slower rank."""
+    dist.barrier()
+    start = time.perf_counter()
+    call()
+    elapsed = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
+
+
+def _rank(rank: int, plugin: bool, samples: int, warmup: int) -> dict:
+    """On one of the two ranks: the last step's times, this rank's peak RSS, the applied patches, the tokens."""
+    import verl  # noqa: F401  (the plugin activates here, unless disabled)
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
+
+    from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, micro_batch, shard
+
+    install_cpu_stand_ins()
+    model = build_model("moe")
+    apply_monkey_patch(model, ulysses_sp_size=SP, use_remove_padding=True, use_fused_kernels=False)
+    shard(model)
+    set_ulysses_sequence_parallel_group(dist.group.WORLD)  # the SP group, as verl's sharding manager sets it
+    actor = actor_for(model, SP, ppo_mini_batch_size=samples, ppo_micro_batch_size_per_gpu=MICRO)
+    applied = _check_mode(plugin, type(model.model.visual).forward)
+    batch = micro_batch(samples_of(samples))
+    responses = batch["responses"]
+    advantages = torch.randn(responses.shape, generator=torch.Generator().manual_seed(2))
+    keys = ("input_ids", "attention_mask", "position_ids", "responses")
+    tensors = {key: batch[key] for key in keys} | {"response_mask": torch.ones_like(responses)}
+    data = DataProto(
+        batch=TensorDict(tensors, batch_size=[samples]),
+        non_tensor_batch={"multi_modal_inputs": batch["multi_modal_inputs"]},
+        meta_info={"micro_batch_size": MICRO, "temperature": 1.0, "use_dynamic_bsz": False, "pad_token_id": 0},
+    )
+    out = {}
+
+    def log_prob() -> None:
+        out.update(actor.compute_log_prob(data, calculate_entropy=True))
+
+    def update() -> None:
+        data.batch["old_log_probs"], data.batch["advantages"] = out["log_probs"], advantages
+        actor.update_policy(data)
+
+    for _ in range(warmup + 1):  # only the last step's times are kept
+        times = {"compute_log_prob": _timed(log_prob), "update_policy": _timed(update)}
+    return {
+        **times,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "applied": applied,
+        "tokens": int(batch["attention_mask"].sum()),
+    }
+
+
+def pair(plugin: bool, samples: int, warmup: int) -> list[dict]:
+    """A fresh pair of ranks in one mode: each rank's result, in rank order."""
+    from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
+
+    for key in [key for key in os.environ if key.startswith(PLUGIN_SWITCHES)]:
+        del os.environ[key]
+    if not plugin:
+        os.environ[DISABLE_ENV] = "all"
+    results = on_two_ranks(_rank, plugin, samples, warmup, timeout=3600)
+    errors = [result["error"] for result in results if "error" in result]
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    runs = {True: [], False: []}
+    for _ in range(args.repeats):
+        for plugin in runs:
+            runs[plugin].append(pair(plugin, args.samples, args.warmup))
+    total = time.perf_counter() - start
+
+    def median(plugin: bool, key: str, rank: int = 0) -> float:
+        return statistics.median(ranks[rank][key] for ranks in runs[plugin])
+
+    grids = [grid for images in samples_of(args.samples) for grid in images]
+    patches = sum(t * h * w for t, h, w in grids)
+    print(f"CPU, 2 gloo ranks x 1 thread, Ulysses SP = {SP}, FSDP2, tiny Qwen3-VL-MoE, {args.samples} samples, "
+          f"{len(grids)} images ({patches} patches), {runs[True][0][0]['tokens']} tokens, micro-batches of {MICRO}; "
+          f"medians of {args.repeats} alternating pairs of ranks per mode, {args.warmup} warm-up step(s) each, "
+          f"{total:.0f} s in all")  # fmt: skip
+    print(f"plugin on: {', '.join(runs[True][0][0]['applied'])}")
+    print(f"{'':<20}{'plugin off':>12}{'plugin on':>12}{'off / on':>10}")
+    for call in CALLS:
+        off, on = median(False, call), median(True, call)
+        print(f"{call:<20}{off:>10.3f} s{on:>10.3f} s{off / on:>9.2f}x")
+    for rank in range(2):
+        off, on = median(False, "rss_mib", rank), median(True, "rss_mib", rank)
+        print(f"{f'peak RSS rank {rank}':<20}{off:>8.0f} MiB{on:>8.0f} MiB{off / on:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

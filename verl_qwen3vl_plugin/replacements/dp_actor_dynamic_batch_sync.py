@@ -1,0 +1,22 @@
+"""verl's ``prepare_dynamic_batch`` as verl 0.7.0 called it: with the default group when the caller passes none.
+
+When it applies, and when it can be removed: the ``dp_actor_dynamic_batch_sync`` spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def with_default_group(prepare: Callable) -> Callable:
+    def prepare_dynamic_batch(*args, **kwargs):
+        """verl's ``prepare_dynamic_batch``, given the default group when the caller passes none, so that every rank
+        makes as many micro-batches as the rank that needs the most. Every argument passes through as given."""
+        import torch.distributed as dist
+
+        if len(args) < 3 and kwargs.get("dp_group") is None and dist.is_initialized():
+            kwargs["dp_group"] = dist.group.WORLD
+        return prepare(*args, **kwargs)
+
+    prepare_dynamic_batch.__wrapped__ = prepare
+    return prepare_dynamic_batch

@@ -1,0 +1,28 @@
+"""Routing for verl's Ascend NPU Qwen3-VL-MoE sparse block that is correct in training and in eval.
+
+Why: verl 0.7.1's ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` scatters the normalised top-k routing weights into the
+dense (tokens, num_experts) matrix only when ``not self.training``, while the experts' training path reads
+``routing_weights[token, router_indices]`` from that dense matrix. In training the experts are weighted by the
+top-k columns misread as expert ids: reward stays flat and ppo_kl is orders of magnitude too low on Ascend (on the
+CPU it is an IndexError when num_experts > top_k, or silently wrong numbers when they are equal).
+How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered.
+When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_routing`` spec.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def sparse_moe_block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``NPUQwen3VLMoeTextSparseMoeBlock.forward`` with the dense routing matrix built in every mode."""
+    batch_size = hidden_states.shape[0]
+    tokens = hidden_states.reshape(-1, self.hidden_size)
+    router_logits = self.gate(tokens)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+    top_weights, router_indices = torch.topk(probs, self.top_k, dim=-1)
+    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(router_logits.dtype)
+    # Both expert paths read this dense matrix: eval multiplies it in, training gathers [token, router_indices].
+    routing_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)
+    return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), routing_weights, router_indices)
