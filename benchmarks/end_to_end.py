@@ -4,8 +4,8 @@ Each patch has a benchmark of the code it replaces; this one measures them toget
 0.7.1's real ``DataParallelPPOActor``, ``compute_log_prob`` with entropy (as verl's worker calls it), then
 ``update_policy`` (one optimizer step, learning rate 0, so every step does the same work), on two gloo ranks of 1
 thread each, Ulysses SP = 2, FSDP2 (``selftest.ulysses.shard``), with the CPU stand-ins of
-``verl_qwen3vl_plugin.selftest.ulysses``. The model is the suite's tiny Qwen3-VL-MoE; the batch alternates samples
-of 1 and 2 geo3k-sized images, in micro-batches of 4, one mini-batch.
+``verl_qwen3vl_plugin.selftest.ulysses``. The model is a small Qwen3-VL-MoE (``BENCH_TOWER``, ``BENCH_TEXT``); the
+batch alternates samples of 1 and 2 geo3k-sized images, in micro-batches of 4, one mini-batch.
 
 The patches install at ``import verl``, so the two modes cannot share ranks: each repeat starts a fresh pair of
 ranks with the plugin on, then a fresh pair with ``VERL_QWEN3VL_PLUGIN_DISABLE=all``, both without any other plugin
@@ -35,6 +35,11 @@ from vision_dp import GEO3K_GRIDS  # benchmarks/vision_dp.py, beside this script
 from verl_qwen3vl_plugin.registry import DISABLE_ENV
 
 SP, MICRO = 2, 4
+# Small, but with Qwen3-VL-30B-A3B's proportions where the patches act: a 4-block tower, experts at E / top_k = 8.
+BENCH_TOWER = dict(depth=4, hidden_size=128, intermediate_size=512, num_heads=4, out_hidden_size=64,
+                   deepstack_visual_indexes=[1])  # fmt: skip
+BENCH_TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_experts=16, num_experts_per_tok=2, moe_intermediate_size=32)  # fmt: skip
 PLUGIN_SWITCHES = ("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN")  # stripped before every pair, as tests/helpers.py
 CALLS = ("compute_log_prob", "update_policy")
 
@@ -89,7 +94,7 @@ def _rank(rank: int, plugin: bool, samples: int, warmup: int) -> dict:
     from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, micro_batch, shard
 
     install_cpu_stand_ins()
-    model = build_model("moe")
+    model = build_model("moe", text=BENCH_TEXT, **BENCH_TOWER)
     apply_monkey_patch(model, ulysses_sp_size=SP, use_remove_padding=True, use_fused_kernels=False)
     shard(model)
     set_ulysses_sequence_parallel_group(dist.group.WORLD)  # the SP group, as verl's sharding manager sets it
@@ -157,7 +162,8 @@ def main() -> None:
 
     grids = [grid for images in samples_of(args.samples) for grid in images]
     patches = sum(t * h * w for t, h, w in grids)
-    print(f"CPU, 2 gloo ranks x 1 thread, Ulysses SP = {SP}, FSDP2, tiny Qwen3-VL-MoE, {args.samples} samples, "
+    print(f"CPU, 2 gloo ranks x 1 thread, Ulysses SP = {SP}, FSDP2, small Qwen3-VL-MoE (4-block tower, "
+          f"16 experts top-2), {args.samples} samples, "
           f"{len(grids)} images ({patches} patches), {runs[True][0][0]['tokens']} tokens, micro-batches of {MICRO}; "
           f"medians of {args.repeats} alternating pairs of ranks per mode, {args.warmup} warm-up step(s) each, "
           f"{total:.0f} s in all")  # fmt: skip

@@ -1,6 +1,7 @@
-"""The plugin as users get it: the wheel built by ``python -m build``, installed (not editable) in a fresh venv.
+"""The plugin as users get it: the wheel built by ``python -m build``, installed (not editable).
 
-Runs only in nox's ``wheel`` session (marker ``wheel``), which builds and installs that wheel. Every check runs in a
+Runs only at the end of nox's main-stack ``tests`` session (marker ``wheel``), which builds the wheel and installs it
+over the editable install. Every check runs in a
 child interpreter outside the checkout, so it sees the installed files, never the source tree.
 """
 

@@ -68,14 +68,15 @@ def tiny_qwen3_vl(seed: int = 0, **vision) -> Qwen3VLForConditionalGeneration:
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
-def tiny_qwen3_vl_moe_config(**text: int) -> Qwen3VLMoeConfig:
-    """``text`` overrides MOE_TEXT (e.g. ``moe_intermediate_size=16``: hidden == 2 * intermediate)."""
-    return Qwen3VLMoeConfig(text_config={**MOE_TEXT, **text}, vision_config=VISION, **TOKENS)
+def tiny_qwen3_vl_moe_config(vision: dict | None = None, **text: int) -> Qwen3VLMoeConfig:
+    """``text`` overrides MOE_TEXT (e.g. ``moe_intermediate_size=16``: hidden == 2 * intermediate), ``vision``
+    overrides VISION."""
+    return Qwen3VLMoeConfig(text_config={**MOE_TEXT, **text}, vision_config={**VISION, **(vision or {})}, **TOKENS)
 
 
-def tiny_qwen3_vl_moe(seed: int = 0, **text: int) -> Qwen3VLMoeForConditionalGeneration:
+def tiny_qwen3_vl_moe(seed: int = 0, vision: dict | None = None, **text: int) -> Qwen3VLMoeForConditionalGeneration:
     torch.manual_seed(seed)
-    return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(**text)).eval()
+    return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(vision, **text)).eval()
 
 
 def pixel_values(grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:

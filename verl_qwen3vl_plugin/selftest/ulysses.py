@@ -59,11 +59,13 @@ def install_cpu_stand_ins() -> None:
     attention_utils._get_attention_functions = lambda: padding
 
 
-def build_model(kind: str, **vision) -> torch.nn.Module:
-    """A seeded tiny Qwen3-VL (``dense``) or Qwen3-VL-MoE (``moe``) set up for verl's flash-attention path."""
+def build_model(kind: str, text: dict | None = None, **vision) -> torch.nn.Module:
+    """A seeded tiny Qwen3-VL (``dense``) or Qwen3-VL-MoE (``moe``, whose ``text`` config can be overridden too) set
+    up for verl's flash-attention path."""
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
-    model = randomize(tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(), seed=0)
+    built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
+    model = randomize(built, seed=0)
     for config in (model.config, model.config.text_config, model.config.vision_config):
         config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention
     return model
