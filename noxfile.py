@@ -79,6 +79,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/pos_embed.py", "--plot", "docs/performance.png", *session.posargs)
     session.run("python", "benchmarks/pos_embed_first_call.py")
     session.run("python", "benchmarks/import_cost.py")
+    session.run("python", "benchmarks/startup_cost.py")
 
 
 @nox.session

@@ -109,6 +109,14 @@ def guard_scatter(func: ast.FunctionDef) -> None:
     func.body[index] = ast.If(test=ast.parse("not self.training", mode="eval").body, body=[func.body[index]], orelse=[])
 
 
+def scatter_unless_training(func: ast.FunctionDef) -> None:
+    """The top-level scatter written as ``x = <scatter> if not self.training else x``: verl 0.7.1's bug, inline."""
+    index = next(i for i, s in enumerate(func.body) if "scatter_" in ast.unparse(s))
+    stmt = func.body[index]
+    target = ast.unparse(stmt.targets[0])
+    func.body[index] = statement(f"{target} = ({ast.unparse(stmt.value)}) if not self.training else {target}")
+
+
 def rename_stream_keys(func: ast.FunctionDef) -> None:
     """``(name, tensor) for name, param in ...`` -> ``(rename(name), tensor) ...``: names no longer as stored."""
     gen = next(n for n in ast.walk(func) if isinstance(n, ast.GeneratorExp))
@@ -175,6 +183,23 @@ def _balancing_near_misses(base: str) -> tuple[Variant, ...]:
             ),
             APPLY,
         ),  # fmt: skip
+        Variant(
+            "early return without a group",
+            BALANCING,
+            replace(base, "if dp_group is None:\n        pass\n    " + base),
+            UNRECOGNIZED,
+        ),
+        Variant(
+            "named guard in a compound test",
+            BALANCING,
+            replace(
+                base,
+                "sync = "
+                + base.removeprefix("if ").removesuffix(":")
+                + " and dp_group is not None\n    if sync and True:",
+            ),
+            UNRECOGNIZED,
+        ),
         Variant(
             "group passed by position",
             BALANCING,
@@ -286,6 +311,26 @@ _SHAPES = [
                 for op in ("bmm", "matmul")
             ),
             Variant(
+                "dense eager path (@)",
+                MOE,
+                in_method("Qwen3VLMoeTextExperts", "forward", prepend("dense = hidden_states @ self.gate_up_proj")),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "dense eager path (linear on the whole parameter)",
+                MOE,
+                in_method(
+                    "Qwen3VLMoeTextExperts", "forward", prepend("dense = F.linear(hidden_states, self.gate_up_proj)")
+                ),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "decorator of another module",
+                MOE,
+                substitute(r"from \.\.\.integrations import \(", "from ...experts_helpers import ("),
+                UNRECOGNIZED,
+            ),
+            Variant(
                 "dense eager path (einsum)",
                 MOE,
                 in_method(
@@ -330,6 +375,12 @@ _SHAPES = [
                 UNRECOGNIZED,
             ),
             # The scatter guarded as in verl 0.7.1, with experts that read the dense matrix: the patch's case.
+            Variant(
+                "scatter under a conditional expression",
+                NPU_PATCH,
+                in_method("NPUQwen3VLMoeTextSparseMoeBlock", "forward", scatter_unless_training),
+                UNRECOGNIZED,
+            ),
             Variant(
                 "scatter only in eval",
                 NPU_PATCH,
@@ -402,6 +453,22 @@ _SHAPES = [
                 "another method reads the state dict",
                 ENGINE,
                 in_class("FSDPEngine", add_method(_STATE_DICT_READER)),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "a method reads it through another function",
+                ENGINE,
+                in_class(
+                    "FSDPEngine", add_method("def export_shards(self):\n    return get_model_state_dict(self.module)")
+                ),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "a shard export on another class",
+                ENGINE,
+                in_class(
+                    "FSDPEngineWithLMHead", add_method("def get_per_tensor_param_shard(self):\n    return iter(())")
+                ),
                 UNRECOGNIZED,
             ),
             Variant(

@@ -8,25 +8,21 @@ child interpreter outside the checkout, so it sees the installed files, never th
 from __future__ import annotations
 
 import contextlib
-import statistics
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DISCOVERS_PLUGINS, child_json, run_args
+from tests.helpers import DISCOVERS_PLUGINS, child_json
 from verl_qwen3vl_plugin.registry import HOOK_MODULES
 
 pytestmark = pytest.mark.wheel
 SITE = Path(sysconfig.get_paths()["purelib"])
 PTH = SITE / "verl_qwen3vl_plugin_autoload.pth"
 STARTUP = "verl_qwen3vl_plugin_autoload"
-RUNS = 21
-BUDGET_US = 1000  # what the start-up hook may add to any Python process
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +52,6 @@ def test_import_verl_loads_the_installed_plugin_with_no_env(tmp_path):
     assert result["activated_by"] == ("entry points" if DISCOVERS_PLUGINS else "start-up hook")
 
 
-def _importtime_us(tmp_path: Path) -> int:
-    proc = run_args(["-X", "importtime", "-c", "pass"], cwd=tmp_path)
-    (line,) = [line for line in proc.stderr.splitlines() if line.split("|")[-1].strip() == STARTUP]
-    return int(line.split("|")[1])  # "import time: self | cumulative | name": everything it imported included
-
-
-def _wall_s(tmp_path: Path) -> float:
-    start = time.perf_counter()
-    run_args(["-c", "pass"], cwd=tmp_path)
-    return time.perf_counter() - start
-
-
 @contextlib.contextmanager
 def _without_start_up_hook() -> Iterator[None]:
     disabled = PTH.with_suffix(".pth.off")
@@ -76,22 +60,6 @@ def _without_start_up_hook() -> Iterator[None]:
         yield
     finally:
         disabled.rename(PTH)
-
-
-def test_start_up_cost_within_budget(tmp_path):
-    """``python -X importtime -c pass``: the start-up module, with everything it imports, under 1 ms (median)."""
-    cost = statistics.median(_importtime_us(tmp_path) for _ in range(RUNS))
-    walls = {True: [], False: []}
-    for _ in range(RUNS):  # alternating, for the wall-clock figure printed below
-        walls[True].append(_wall_s(tmp_path))
-        with _without_start_up_hook():
-            walls[False].append(_wall_s(tmp_path))
-    with_hook, without = statistics.median(walls[True]), statistics.median(walls[False])
-    print(
-        f"\nstart-up hook: importtime {cost:.0f} us (median of {RUNS}); `python -c pass` wall {with_hook * 1e3:.1f} ms"
-        f" with, {without * 1e3:.1f} ms without, difference {(with_hook - without) * 1e6:.0f} us"
-    )
-    assert cost <= BUDGET_US
 
 
 def test_start_up_imports_only_the_hook_module(tmp_path):

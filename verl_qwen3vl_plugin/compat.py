@@ -146,6 +146,22 @@ def assigns_attribute(node: ast.AST, attr: str) -> bool:
     )
 
 
+def empty_shape(init: ast.FunctionDef, parameter: str) -> list[str] | None:
+    """``self.<parameter> = nn.Parameter(torch.empty(<dims>))``: the dims as source text."""
+    for node in ast.walk(init):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Attribute) and t.attr == parameter for t in node.targets)
+            and isinstance(node.value, ast.Call)
+            and node.value.args
+            and isinstance(empty := node.value.args[0], ast.Call)
+            and calls(empty, "empty")
+        ):
+            dims = empty.args[0].elts if len(empty.args) == 1 and isinstance(empty.args[0], ast.Tuple) else empty.args
+            return [ast.unparse(d) for d in dims]
+    return None
+
+
 def is_not_training(test: ast.expr) -> bool:
     """``not self.training`` (or ``not <x>.training``)."""
     return (

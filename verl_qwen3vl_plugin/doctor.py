@@ -126,7 +126,9 @@ def patch_verdicts(
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
                 verdict, reason = Verdict.UNRECOGNIZED, f"{type(exc).__name__}: {exc}"
             targets[target.label] = {"verdict": verdict.value, "reason": reason}
-            if verdict is Verdict.UNRECOGNIZED and concerns_here:
+            if verdict is Verdict.UNRECOGNIZED and concerns_here and target.apply is None:  # known, not patchable
+                actions.append(f"patch {patch.name} cannot fix {target.label}: {reason}")
+            elif verdict is Verdict.UNRECOGNIZED and concerns_here:
                 actions.append(f"patch {patch.name} does not recognise {target.label} ({reason}): it will not "
                                "patch it; report this with the versions above")  # fmt: skip
         applies = any(t["verdict"] == Verdict.APPLY.value for t in targets.values())

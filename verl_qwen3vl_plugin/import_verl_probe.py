@@ -8,17 +8,16 @@ import json
 import sys
 
 from verl_qwen3vl_plugin.activation import STARTUP_MODULE, activated_by
-from verl_qwen3vl_plugin.registry import HOOK_MODULES, patch_statuses
+from verl_qwen3vl_plugin.registry import HOOK_MODULES
 
 
 def observe() -> dict[str, object]:
-    """Which hooks this process loaded, by which path, what the start-up hook did, and each patch's status."""
+    """Which hooks this process loaded, by which path, and what the start-up hook did."""
     startup = sys.modules.get(STARTUP_MODULE)
     return {
         "hooks": [m for m in HOOK_MODULES.values() if m in sys.modules],
         "activated_by": activated_by(),
         "startup_hook": getattr(startup, "state", None),
-        "statuses": [[s.patch, s.target, s.status.value, s.reason] for s in patch_statuses()],
     }
 
 

@@ -16,12 +16,16 @@ import verl_qwen3vl_plugin
 
 
 def snapshot() -> dict[str, int]:
-    return {
-        f"{name}.{attr}": id(value)
-        for name, module in list(sys.modules.items())
-        if name.split(".")[0] in ("verl", "transformers") and module is not None
-        for attr, value in list(vars(module).items())
-    }
+    """Every global of verl's and transformers' imported modules, and every attribute of the classes they define."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in ("verl", "transformers") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            found[f"{name}.{attr}"] = id(value)
+            if isinstance(value, type) and value.__module__ == name:
+                found.update({f"{name}.{attr}.{a}": id(v) for a, v in list(vars(value).items())})
+    return found
 
 
 before = snapshot()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import POS_EMBED_USED, VERL, child_json, judge, last_json, run_child, source_text, use_sources
+from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.patches import (
     NAMES,
@@ -66,10 +67,24 @@ class TestEditedNpuSource:
         assert npu_verdict(renamed)[0] is Verdict.UNRECOGNIZED
 
 
-@pytest.mark.parametrize("source", [None, "def broken(:\n"], ids=["unreadable", "unparsable"])
-def test_unreadable_or_unparsable_source_is_unrecognized(source):
+@pytest.mark.parametrize("source", [None, "def broken(:\n"], ids=["missing", "unparsable"])
+def test_missing_or_unparsable_source_is_unrecognized(source):
     assert npu_verdict(source)[0] is Verdict.UNRECOGNIZED
     assert judge(POS, VISION, source)[0] is Verdict.UNRECOGNIZED
+
+
+def test_unreadable_source_is_unrecognized(monkeypatch, tmp_path):
+    """A file that exists but cannot be read as UTF-8: the hooks' own read path, not a synthesized Source."""
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(b"\xff\xfe not utf-8")
+    monkeypatch.setattr(compat, "module_path", lambda name: bad)
+    compat.installed.cache_clear()
+    try:
+        source = compat.installed("verl.models.transformers.npu_patch")
+    finally:
+        compat.installed.cache_clear()
+    assert source.tree is None and source.problem.startswith("cannot be read")
+    assert decide(NPU, NPU.targets[0], source, frozenset()).verdict is Verdict.UNRECOGNIZED
 
 
 SYNTH_NPU = """

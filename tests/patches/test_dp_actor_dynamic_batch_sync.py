@@ -1,6 +1,6 @@
-"""``dp_actor_dynamic_batch_sync``: its decisions on the installed verl and on edits of verl 0.7.1's source, verl's own
-``prepare_dynamic_batch`` on two ranks (``selftest.dynamic_batch``), and verl 0.7.x's real actor with dynamic
-batching on two FSDP2 ranks (``tests/_child/dynamic_batch_actor.py``), with the patch and without it."""
+"""``dp_actor_dynamic_batch_sync``: its decisions on the installed verl and on edits of verl 0.7.1's source, verl's
+own ``prepare_dynamic_batch`` on two ranks (``selftest.dp_actor_dynamic_batch_sync``), and verl 0.7.x's real actor
+with dynamic batching on two FSDP2 ranks (``tests/_child/dynamic_batch_actor.py``), with the patch and without it."""
 
 from __future__ import annotations
 

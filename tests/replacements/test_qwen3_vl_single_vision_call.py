@@ -1,6 +1,6 @@
 """One vision-tower call per micro-batch: the plugin's ``get_input_embeds`` against verl's ``_get_input_embeds`` in
-one process (``selftest.vision_call``), then two FSDP2 ranks holding different media through verl's own forward
-(``tests/_child/mixed_media_fsdp2.py``), with the patch and, as the negative control, without it."""
+one process (``selftest.qwen3_vl_single_vision_call``), then two FSDP2 ranks holding different media through verl's
+own forward (``tests/_child/mixed_media_fsdp2.py``), with the patch and, as the negative control, without it."""
 
 from __future__ import annotations
 

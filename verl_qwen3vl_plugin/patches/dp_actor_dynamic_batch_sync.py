@@ -34,6 +34,8 @@ from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 BALANCING = "verl.utils.seqlen_balancing"
+GUARD = "dp_group is not None"
+KNOWN_CLAUSES = {"dist.is_initialized()", "same_micro_num_in_dp", GUARD}  # verl 0.7.0 and 0.7.1
 FUNCTION = "prepare_dynamic_batch"
 SPLITTER = "rearrange_micro_batches"
 CALLERS = {  # the legacy module -> its class and the methods that split a batch
@@ -70,8 +72,17 @@ def _conditions_over(func: ast.FunctionDef, call: ast.Call) -> list[ast.expr]:
     return found
 
 
-def decide_balancing() -> Decision:
-    """What verl's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one."""
+def _count_syncs(split: ast.FunctionDef) -> list[ast.Call]:
+    """The all-reduces of the micro-batch count (``num_micro_batches``) over ``group=dp_group``."""
+    return [
+        c
+        for c in compat.call_nodes(split, "all_reduce")
+        if _keyword(c, "group", "dp_group") and [ast.unparse(a) for a in c.args[:1]] == ["num_micro_batches"]
+    ]
+
+
+def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
+    """verl's ``prepare_dynamic_batch`` and ``rearrange_micro_batches``, where the first hands its group on."""
     tree = compat.tree(BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
@@ -80,28 +91,34 @@ def decide_balancing() -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
     if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
-    reduces = [
-        c
-        for c in compat.call_nodes(split, "all_reduce")
-        if _keyword(c, "group", "dp_group") and [ast.unparse(a) for a in c.args[:1]] == ["num_micro_batches"]
-    ]
+    return prepare, split
+
+
+def decide_balancing() -> Decision:
+    """What verl 0.7's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one. Every clause
+    of every condition over the count's all-reduce must be a known one, and ``dp_group`` read nowhere else."""
+    found = _balancing()
+    if isinstance(found, Decision):
+        return found
+    _, split = found
+    reduces = _count_syncs(split)
     if len(reduces) != 1:
         return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} does not all-reduce the count over dp_group once")
-    tests = [_expanded(split, t) for t in _conditions_over(split, reduces[0])]
-    on_group = [t for t in tests if compat.mentions(t, "dp_group")]
-    if not on_group:
-        return Decision(
-            Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)"
-        )
-    if [ast.unparse(c) for t in on_group for c in _clauses(t) if compat.mentions(c, "dp_group")] == [
-        "dp_group is not None"
-    ]:
+    clauses = [c for t in _conditions_over(split, reduces[0]) for c in _clauses(_expanded(split, t))]
+    texts = [ast.unparse(c) for c in clauses]
+    reads = sum(isinstance(n, ast.Name) and n.id == "dp_group" for n in ast.walk(split))
+    if not set(texts) <= KNOWN_CLAUSES or reads != 1 + texts.count(GUARD):
+        return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} conditions its count sync in an unknown way")
+    if GUARD in texts:
         return Decision(Verdict.APPLY, f"{SPLITTER} syncs the micro-batch count only when given a dp_group")
-    return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} conditions its sync on dp_group in an unknown way")
+    return Decision(
+        Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)"
+    )
 
 
 def _expanded(func: ast.FunctionDef, test: ast.expr) -> ast.expr:
-    """``test`` with a bare name replaced by the one value ``func`` assigns it (verl 0.9 names its condition)."""
+    """``test`` with a bare name replaced by the one value ``func`` assigns it (a name verl assigns elsewhere, or
+    more than once, stays a name: an unknown clause)."""
     if isinstance(test, ast.Name):
         values = [
             n.value
@@ -127,10 +144,9 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
         and any(a.name == FUNCTION and not a.asname for a in n.names)
         for n in tree.body
     )
-    calls = [
-        c for method in methods for c in compat.call_nodes(compat.find_function(cls, method) or ast.Pass(), FUNCTION)
-    ]
-    if cls is None or not imported or len(calls) != len(methods):
+    per_method = [compat.call_nodes(compat.find_function(cls, m) or ast.Pass(), FUNCTION) for m in methods]
+    calls = [c for found in per_method for c in found]
+    if cls is None or not imported or any(len(found) != 1 for found in per_method):
         return Decision(
             Verdict.UNRECOGNIZED, f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})"
         )
@@ -150,9 +166,13 @@ def decide_engine() -> Decision:
     """verl >= 0.8, where the legacy modules are gone: every split of the FSDP engine must be given its DP group."""
     engine, utils = compat.find_class(compat.tree(ENGINE), "FSDPEngine"), compat.tree(ENGINE_UTILS)
     prepare = compat.find_function(utils, "prepare_micro_batches")
-    hands_on = prepare is not None and any(
-        _keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)
+    hands_on = (
+        prepare is not None
+        and compat.parameters(prepare)[:2] == ["data", "dp_group"]
+        and any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER))
     )
+    found = _balancing()
+    syncs = not isinstance(found, Decision) and len(_count_syncs(found[1])) == 1
     method = compat.find_function(engine, "forward_backward_batch")
     calls = compat.call_nodes(engine, "prepare_micro_batches") if engine else []
     direct = [f for f in (FUNCTION, SPLITTER) if engine and compat.calls(engine, f)]
@@ -162,7 +182,7 @@ def decide_engine() -> Decision:
         and method is not None
         and compat.calls(method, "prepare_micro_batches")
         and all(_passes_group(c, 1) for c in calls)
-        and decide_balancing().verdict is not Verdict.UNRECOGNIZED
+        and syncs
     ):
         return Decision(
             Verdict.NOT_USED,

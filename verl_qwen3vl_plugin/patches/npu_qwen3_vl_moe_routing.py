@@ -37,8 +37,15 @@ def _eval_only_scatter(forward: ast.FunctionDef) -> bool:
 
 
 def _always_scatters(forward: ast.FunctionDef) -> bool:
-    """A statement of the forward body itself (not nested in a branch) scatters."""
-    return any(not isinstance(stmt, ast.If) and compat.calls(stmt, "scatter_") for stmt in forward.body)
+    """A statement of the forward body itself (not nested in a branch) scatters, under no conditional expression and
+    without a reference to the mode."""
+    return any(
+        not isinstance(stmt, ast.If)
+        and compat.calls(stmt, "scatter_")
+        and not any(isinstance(n, ast.IfExp) for n in ast.walk(stmt))
+        and not compat.mentions(stmt, "training")
+        for stmt in forward.body
+    )
 
 
 def _reads_dense_by_token(experts_forward: ast.FunctionDef) -> bool:

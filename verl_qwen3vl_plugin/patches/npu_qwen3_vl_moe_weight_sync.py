@@ -47,22 +47,8 @@ SHARD_EXPORT = "get_per_tensor_param_shard"
 # FSDPEngine's methods that read the module's state dict, verl 0.7.0 to 0.9.1: building, the full export, the shard
 # export and the merged-LoRA export.
 STATE_DICT_READERS = {"_build_fsdp_module", "get_per_tensor_param", SHARD_EXPORT, "_merged_lora_per_tensor_param"}
-
-
-def _empty_shape(init: ast.FunctionDef, parameter: str) -> list[str] | None:
-    """``self.<parameter> = nn.Parameter(torch.empty(<dims>))``: the dims as source text."""
-    for node in ast.walk(init):
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Attribute) and t.attr == parameter for t in node.targets)
-            and isinstance(node.value, ast.Call)
-            and node.value.args
-            and isinstance(empty := node.value.args[0], ast.Call)
-            and compat.calls(empty, "empty")
-        ):
-            dims = empty.args[0].elts if len(empty.args) == 1 and isinstance(empty.args[0], ast.Tuple) else empty.args
-            return [ast.unparse(d) for d in dims]
-    return None
+# verl 0.9's shard and delta exports: not used only where no class of the module defines either.
+SHARD_EXPORTS = {SHARD_EXPORT, "get_per_tensor_param_delta_shard"}
 
 
 def _splits_transformers5_layout(func: ast.FunctionDef) -> bool:
@@ -144,7 +130,7 @@ def npu_experts_layout() -> Decision | None:
     init = compat.find_function(compat.find_class(compat.tree(NPU_PATCH), EXPERTS), "__init__")
     if init is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.__init__ in verl's npu_patch")
-    shape = _empty_shape(init, "gate_up_proj")
+    shape = compat.empty_shape(init, "gate_up_proj")
     if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
         return None
     if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
@@ -190,19 +176,16 @@ def decide_caller(tree: ast.Module) -> Decision:
     return decide_utils(utils)
 
 
-def _reads_state_dict(method: ast.FunctionDef) -> bool:
-    return compat.calls(method, "state_dict")
-
-
 def decide_shard_export(tree: ast.Module) -> Decision:
     engine = compat.find_class(tree, ENGINE)
     if engine is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {ENGINE} in {CALLER}")
-    readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and _reads_state_dict(f)}
+    readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and compat.mentions(f, "state_dict")}
     unknown = sorted(readers - STATE_DICT_READERS)
     if unknown:
         return Decision(Verdict.UNRECOGNIZED, f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way")
-    if SHARD_EXPORT not in readers:
+    exports = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in SHARD_EXPORTS}
+    if not exports:
         return Decision(Verdict.NOT_USED, f"{ENGINE} has no shard export (verl 0.7/0.8)")
     layout = npu_experts_layout()
     if layout is not None:

@@ -6,7 +6,10 @@ Target: transformers' Qwen3-VL-MoE modeling module. Known shapes (the probe's wh
   branch (``hidden_states.repeat(...)`` and ``torch.bmm`` over all experts) and a Python loop over experts;
 - fixed upstream, transformers 5: the class is decorated ``@use_experts_implementation`` (bare, as imported from
   ``integrations``), and its own ``forward``, the eager path, computes no dense product over all experts (no
-  ``repeat``, ``bmm``, ``matmul`` or ``einsum``).
+  ``repeat``, ``bmm``, ``matmul`` or ``einsum``, no ``linear`` or ``@`` on a whole packed parameter).
+
+``apply`` also needs transformers 4.57's packing, ``gate_up_proj`` built as ``(num_experts, hidden_size,
+2 * expert_dim)``: the replacement multiplies with that layout.
 
 Where verl's Ascend ``npu_patch`` replaces the whole sparse MoE block (verl 0.7.0 to 0.9.1), the patched experts never
 run: the patch is applied but dormant there.
@@ -15,6 +18,7 @@ run: the patch is applied but dormant there.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
@@ -26,6 +30,34 @@ SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
 
 DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
+# transformers 4.57's packing, which the replacement multiplies with: (E, H, 2I).
+LAYOUT = ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]
+
+
+def _dense_products(forward: ast.FunctionDef) -> list[str]:
+    """The ops in ``forward`` that compute over every expert at once: a dense op, or ``linear`` / ``@`` on a whole
+    packed parameter (transformers 5's eager loop indexes one expert's slice: ``self.gate_up_proj[expert_idx]``)."""
+    found = [op for op in DENSE_OPS if compat.calls(forward, op)]
+    whole = ("self.gate_up_proj", "self.down_proj")
+    for n in ast.walk(forward):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) and ast.unparse(n.right) in whole:
+            found.append("@")
+        elif isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == "linear" and len(n.args) > 1:
+            found += ["linear"] * (ast.unparse(n.args[1]) in whole)
+    return found
+
+
+def _imports_decorator(tree: ast.Module) -> bool:
+    """``use_experts_implementation`` imported from transformers' ``integrations`` (relative import)."""
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.level > 0
+        and (n.module or "").split(".")[0] == "integrations"
+        and any(a.name == "use_experts_implementation" and a.asname is None for a in n.names)
+        for n in tree.body
+    )
+
+
 NPU_PATCH = "verl.models.transformers.npu_patch"
 BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
 
@@ -35,14 +67,19 @@ def decide(tree: ast.Module) -> Decision:
     forward = compat.find_function(cls, "forward")
     if cls is None or forward is None:
         return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward in this transformers")
-    dense = [op for op in DENSE_OPS if compat.calls(forward, op)]
+    dense = _dense_products(forward)
     decorators = [ast.unparse(d) for d in cls.decorator_list]
-    if decorators == ["use_experts_implementation"]:
+    if decorators == ["use_experts_implementation"] and _imports_decorator(tree):
         if dense:
             return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS} dispatches on experts_implementation, but calls {dense}")
         return Decision(
-            Verdict.FIXED_UPSTREAM, f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (tf 5)"
+            Verdict.FIXED_UPSTREAM,
+            f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (transformers 5)",
         )
+    init = compat.find_function(cls, "__init__")
+    layout = compat.empty_shape(init, "gate_up_proj") if init is not None else None
+    if layout != LAYOUT:
+        return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)")
     if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
         return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token in eval, loops in training")
     return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
@@ -63,7 +100,7 @@ def replaced_on_npu(devices: dict[str, bool]) -> str | None:
 _upstream: dict[type, object] = {}
 
 
-def upstream_forward(cls: type):
+def upstream_forward(cls: type) -> Callable:
     """transformers' own ``Qwen3VLMoeTextExperts.forward``, even after the plugin replaced it."""
     return _upstream.get(cls, cls.__dict__.get("forward"))
 

@@ -17,6 +17,7 @@ Known shapes (the probes' whole knowledge):
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
@@ -89,7 +90,7 @@ def decide_monkey_patch(tree: ast.Module) -> Decision:
     )
 
 
-def upstream_method(cls: type):
+def upstream_method(cls: type) -> Callable:
     """transformers' own ``fast_pos_embed_interpolate`` of ``cls``, even after the plugin replaced it."""
     return _upstream.get(cls, cls.__dict__.get(METHOD))
 

@@ -14,8 +14,11 @@ def with_default_group(prepare: Callable) -> Callable:
         makes as many micro-batches as the rank that needs the most. Every argument passes through as given."""
         import torch.distributed as dist
 
-        if len(args) < 3 and kwargs.get("dp_group") is None and dist.is_initialized():
-            kwargs["dp_group"] = dist.group.WORLD
+        if dist.is_initialized():
+            if len(args) >= 3 and args[2] is None:
+                args = (*args[:2], dist.group.WORLD, *args[3:])
+            elif len(args) < 3 and kwargs.get("dp_group") is None:
+                kwargs["dp_group"] = dist.group.WORLD
         return prepare(*args, **kwargs)
 
     prepare_dynamic_batch.__wrapped__ = prepare

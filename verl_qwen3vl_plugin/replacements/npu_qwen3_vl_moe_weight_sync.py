@@ -45,7 +45,9 @@ def layout_aware(unfuse: Callable) -> Callable:
     signature = inspect.signature(unfuse)
 
     def unfuse_moe_params(weights, *args, **kwargs):
-        model_type = signature.bind(weights, *args, **kwargs).arguments.get("model_type")
+        bound = signature.bind(weights, *args, **kwargs)
+        bound.apply_defaults()
+        model_type = bound.arguments.get("model_type")
         if model_type == "qwen3_vl_moe" and npu_block_in_use():
             weights = experts_to_transformers5_layout(weights)
         return unfuse(weights, *args, **kwargs)
