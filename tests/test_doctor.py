@@ -140,6 +140,11 @@ def test_applied_but_not_run_here_says_why(npu):
     assert set(dormant) == expected
 
 
+@pytest.mark.skipif(
+    VERL.release not in ((0, 7, 1), (0, 9, 1)),
+    reason="CI time: the self-test's checks are the suite's own check functions, run on every stack; the whole "
+    "`doctor --selftest` runs on the main stack and the newest",
+)
 def test_selftest_runs_every_patch_and_passes():
     proc = doctor("--selftest", "--json")
     report = json.loads(proc.stdout)
