@@ -163,13 +163,8 @@ def decide_utils(tree: ast.Module) -> Decision:
 
 def decide_caller(tree: ast.Module) -> Decision:
     method = _per_tensor_param(tree)
-    shape = _stream_shape(method) if method is not None else None
-    if shape == "stored":
-        return _streams_as_stored(tree)
-    if shape is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do"
-        )
+    if method is None or _stream_shape(method) != "unfused":
+        return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
     utils = compat.tree(UTILS)
     if compat.find_function(utils, FUNCTION) is None:
         return Decision(Verdict.UNRECOGNIZED, f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks")
