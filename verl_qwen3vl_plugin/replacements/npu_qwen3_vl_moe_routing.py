@@ -5,7 +5,8 @@ dense (tokens, num_experts) matrix only when ``not self.training``, while the ex
 ``routing_weights[token, router_indices]`` from that dense matrix. In training the experts are weighted by the
 top-k columns misread as expert ids: reward stays flat and ppo_kl is orders of magnitude too low on Ascend (on the
 CPU it is an IndexError when num_experts > top_k, or silently wrong numbers when they are equal).
-How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered.
+How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered. The top-k
+goes through routing replay's choice, which is ``torch.topk`` unless replay is on for the block.
 When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_routing`` spec.
 """
 
@@ -14,14 +15,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verl_qwen3vl_plugin.replacements.routing_replay import routes
 
+
+@routes.mark
 def sparse_moe_block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """``NPUQwen3VLMoeTextSparseMoeBlock.forward`` with the dense routing matrix built in every mode."""
     batch_size = hidden_states.shape[0]
     tokens = hidden_states.reshape(-1, self.hidden_size)
     router_logits = self.gate(tokens)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-    top_weights, router_indices = torch.topk(probs, self.top_k, dim=-1)
+    top_weights, router_indices = routes.top_k(self, probs, self.top_k)
     top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(router_logits.dtype)
     # Both expert paths read this dense matrix: eval multiplies it in, training gathers [token, router_indices].
     routing_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)

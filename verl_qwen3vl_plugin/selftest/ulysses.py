@@ -182,38 +182,55 @@ def actor_for(model: torch.nn.Module, sp: int, dtype: str = "float32", **config)
     return dp_actor.DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.0))
 
 
-def engine_forward(model: torch.nn.Module, batch: dict, sp: int) -> list[torch.Tensor]:
-    """verl >= 0.8: ``FSDPEngineWithLMHead.forward_step`` itself, on an engine object holding only what it reads.
+def engine_for(model: torch.nn.Module, sp: int, **config):
+    """verl >= 0.8's ``FSDPEngineWithLMHead`` on ``model``, an object holding only what its forward reads: its
+    ``forward_step`` and ``forward_backward_batch`` run as verl's (``config``: more engine-config fields)."""
+    from contextlib import nullcontext
 
-    The micro-batch goes through verl's own ``left_right_2_no_padding``; the loss function verl calls captures the
-    model output (log-probs and entropies of every packed token, still in the graph) and returns a zero loss.
-    """
-    from tensordict import NonTensorStack, TensorDict
-    from verl.utils import tensordict_utils as tu
     from verl.utils.torch_functional import entropy_from_logits
     from verl.workers.engine.fsdp import transformer_impl
-    from verl.workers.utils.padding import left_right_2_no_padding
 
     transformer_impl.get_device_id = lambda: "cpu"
     engine = transformer_impl.FSDPEngineWithLMHead.__new__(transformer_impl.FSDPEngineWithLMHead)
     engine.module, engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size = model, sp > 1, sp
     engine.pad_to_length, engine._autocast_dtype = False, torch.float32
-    engine.engine_config = SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
+    engine.engine_config = SimpleNamespace(
+        entropy_checkpointing=False, entropy_from_logits_with_chunking=False, **config
+    )
     engine.compute_entropy_from_logits = entropy_from_logits
     engine.get_data_parallel_group = lambda: None
+    engine.get_data_parallel_size = lambda: 1
+    engine._gradient_sync_context = lambda **_: nullcontext()
+    return engine
+
+
+def engine_batch(batch: dict, **tensors: torch.Tensor):
+    """A batch as verl's trainer hands it to the engine: through ``left_right_2_no_padding`` (which nests a
+    ``routed_experts`` record like ``input_ids``), with its images and the non-tensor settings a forward reads."""
+    from tensordict import NonTensorStack, TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
     padded = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
     padded["response_mask"] = torch.ones_like(batch["responses"])
-    data = left_right_2_no_padding(TensorDict(padded, batch_size=[batch["input_ids"].shape[0]]))
+    data = left_right_2_no_padding(TensorDict({**padded, **tensors}, batch_size=[batch["input_ids"].shape[0]]))
     data["multi_modal_inputs"] = NonTensorStack(*[inputs or {} for inputs in batch["multi_modal_inputs"]])
     for key, value in (("temperature", 1.0), ("calculate_entropy", True), ("use_remove_padding", True)):
         tu.assign_non_tensor_data(data, key, value)
+    return data
+
+
+def engine_forward(model: torch.nn.Module, batch: dict, sp: int) -> list[torch.Tensor]:
+    """verl >= 0.8: ``FSDPEngineWithLMHead.forward_step`` itself (``engine_for``). The loss function verl calls
+    captures the model output (log-probs and entropies of every packed token, still in the graph) and returns a zero
+    loss."""
     captured = {}
 
     def loss_function(model_output, data, dp_group):
         captured.update(model_output)
         return model_output["log_probs"].values().sum() * 0, {}
 
-    engine.forward_step(data, loss_function=loss_function, forward_only=False)
+    engine_for(model, sp).forward_step(engine_batch(batch), loss_function=loss_function, forward_only=False)
     return [captured["log_probs"].values(), captured["entropy"].values()]
 
 

@@ -1,0 +1,267 @@
+"""Patch ``qwen3_vl_moe_routing_replay``: verl's FSDP path honours ``router_replay.mode`` (R2, R3) for Qwen3-VL-MoE,
+so training routes each token to the experts the rollout (R3) or the old-log-prob pass (R2) chose.
+
+Off by default: every wrapper calls upstream's code unchanged unless the actor's (or engine's) own
+``router_replay.mode`` is R2 or R3, and the routers call upstream's forward unless a micro-batch's routes cover them.
+
+Targets, each judged by its shape alone (the probes' whole knowledge):
+- routers, transformers' ``modeling_qwen3_vl_moe``:
+  - ``Qwen3VLMoeTextSparseMoeBlock.forward`` (4.57): ``(self, hidden_states)`` routes itself (``self.gate``,
+    softmax, ``topk``) and calls ``self.experts`` with the hidden states, the routing weights and the indices, and
+    returns a pair. Not used (5.x): it calls ``self.gate`` for its routes, and the module defines the top-k router;
+  - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
+    ``topk``, returns three values. Not used where the class is absent and the sparse block routes (4.57);
+- router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
+  the experts' output alone returned; not used where verl has no such class;
+- verl 0.7's legacy actor, ``dp_actor``: ``DataParallelPPOActor`` with ``_forward_micro_batch(self, micro_batch,
+  ...)`` that unpads with ``unpad_input``, pads with ``ulysses_pad`` and gathers with ``gather_outputs_and_unpad``
+  and ``pad_input``; ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` that ``select``
+  their keys; nothing in the class about ``routed_experts`` or ``router_replay``. Not used (verl >= 0.8): no module;
+- its worker, ``fsdp_workers:ActorRolloutRefWorker.compute_log_prob(self, data)``: calls
+  ``self.actor.compute_log_prob`` and builds its output with ``DataProto.from_dict``, no ``routed_experts``. Not
+  used (verl >= 0.8): no module;
+- verl's FSDP engine, ``transformer_impl``: ``FSDPEngine.forward_backward_batch(self, data, loss_function,
+  forward_only)``, ``FSDPEngineWithLMHead.prepare_model_inputs(self, micro_batch)`` that sets
+  ``output_args["pad_size"]`` after ``ulysses_pad``, and ``prepare_model_outputs(self, output, output_args,
+  micro_batch, ...)``; neither class reads ``router_replay`` (verl 0.7.0 to 0.9.1).
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+
+MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
+BLOCK, ROUTER = "Qwen3VLMoeTextSparseMoeBlock", "Qwen3VLMoeTextTopKRouter"
+NPU_PATCH, NPU_BLOCK = "verl.models.transformers.npu_patch", "NPUQwen3VLMoeTextSparseMoeBlock"
+DP_ACTOR, ACTOR = "verl.workers.actor.dp_actor", "DataParallelPPOActor"
+WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
+ENGINE, ENGINE_BASE, ENGINE_LM = "verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "FSDPEngineWithLMHead"
+UPSTREAM_REPLAY = ("routed_experts", "router_replay")
+ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
+
+
+def _forward(tree: ast.Module | None, cls_name: str) -> ast.FunctionDef | None:
+    return compat.find_function(compat.find_class(tree, cls_name), "forward")
+
+
+def _returns(func: ast.FunctionDef) -> list[int]:
+    """How many values each ``return`` gives (1 for anything but a tuple display)."""
+    return [
+        len(n.value.elts) if isinstance(n.value, ast.Tuple) else 1
+        for n in ast.walk(func)
+        if isinstance(n, ast.Return) and n.value is not None
+    ]
+
+
+def _experts_call(func: ast.FunctionDef) -> bool:
+    return any(len(c.args) == 3 and ast.unparse(c.func) == "self.experts" for c in compat.call_nodes(func, "experts"))
+
+
+def _routes_itself(forward: ast.FunctionDef | None, returns: int) -> bool:
+    """4.57's sparse block shape, and verl's Ascend copy of it."""
+    return (
+        forward is not None
+        and compat.parameters(forward) == ["self", "hidden_states"]
+        and compat.calls_self(forward, "gate")
+        and compat.calls(forward, "softmax")
+        and compat.calls(forward, "topk")
+        and _experts_call(forward)
+        and set(_returns(forward)) == {returns}
+    )
+
+
+def decide_sparse_block(tree: ast.Module) -> Decision:
+    forward = _forward(tree, BLOCK)
+    if _routes_itself(forward, 2):
+        return Decision(Verdict.APPLY, f"{BLOCK} routes its tokens itself (transformers 4.57)")
+    if (
+        forward is not None
+        and compat.calls_self(forward, "gate")
+        and not compat.calls(forward, "topk")
+        and compat.find_class(tree, ROUTER) is not None
+    ):
+        return Decision(Verdict.NOT_USED, f"{BLOCK} takes its routes from {ROUTER} (transformers 5)")
+    return Decision(Verdict.UNRECOGNIZED, f"{BLOCK}.forward routes in an unknown way")
+
+
+def decide_top_k_router(tree: ast.Module) -> Decision:
+    forward = _forward(tree, ROUTER)
+    if forward is None:
+        if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
+            return Decision(Verdict.NOT_USED, f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
+        return Decision(Verdict.UNRECOGNIZED, f"no {ROUTER}.forward, and {BLOCK} does not route itself")
+    known = (
+        compat.parameters(forward) == ["self", "hidden_states"]
+        and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
+        and compat.calls(forward, "softmax")
+        and compat.calls(forward, "topk")
+        and set(_returns(forward)) == {3}
+    )
+    if known:
+        return Decision(Verdict.APPLY, f"{ROUTER} returns (logits, top-k weights, top-k ids) (transformers 5)")
+    return Decision(Verdict.UNRECOGNIZED, f"{ROUTER}.forward routes in an unknown way")
+
+
+def decide_npu_block(tree: ast.Module) -> Decision:
+    if compat.find_class(tree, NPU_BLOCK) is None:
+        return Decision(Verdict.NOT_USED, f"verl's npu_patch has no {NPU_BLOCK}")
+    if _routes_itself(_forward(tree, NPU_BLOCK), 1):
+        return Decision(Verdict.APPLY, f"{NPU_BLOCK} routes its tokens itself, as transformers 4.57's block")
+    return Decision(Verdict.UNRECOGNIZED, f"{NPU_BLOCK}.forward routes in an unknown way")
+
+
+def _no_upstream_replay(*classes: ast.ClassDef) -> bool:
+    return not any(compat.mentions(c, text) for c in classes for text in UPSTREAM_REPLAY)
+
+
+def _selects(func: ast.FunctionDef | None) -> bool:
+    return func is not None and compat.parameters(func)[:2] == ["self", "data"] and compat.calls(func, "select")
+
+
+def decide_actor(tree: ast.Module) -> Decision:
+    cls = compat.find_class(tree, ACTOR)
+    step = compat.find_function(cls, "_forward_micro_batch")
+    if step is None or compat.parameters(step)[:2] != ["self", "micro_batch"]:
+        return Decision(Verdict.UNRECOGNIZED, f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)")
+    if not all(compat.calls(step, name) for name in ACTOR_LAYOUT):
+        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way")
+    if not (
+        _selects(compat.find_function(cls, "compute_log_prob")) and _selects(compat.find_function(cls, "update_policy"))
+    ):
+        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR}.compute_log_prob / update_policy do not select their keys")
+    if not _no_upstream_replay(cls):
+        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR} handles routing replay itself: review the plugin's")
+    return Decision(Verdict.APPLY, f"{ACTOR} drops routed_experts and never reads router_replay")
+
+
+def decide_worker(tree: ast.Module) -> Decision:
+    cls = compat.find_class(tree, WORKER)
+    method = compat.find_function(cls, "compute_log_prob")
+    if method is None or compat.parameters(method) != ["self", "data"]:
+        return Decision(Verdict.UNRECOGNIZED, f"no {WORKER}.compute_log_prob(self, data)")
+    builds = any(
+        ast.unparse(c.func) == "self.actor.compute_log_prob" for c in compat.call_nodes(method, "compute_log_prob")
+    )
+    if not (builds and compat.calls(method, "from_dict")) or not _no_upstream_replay(method):
+        return Decision(Verdict.UNRECOGNIZED, f"{WORKER}.compute_log_prob builds its output in an unknown way")
+    return Decision(Verdict.APPLY, f"{WORKER}.compute_log_prob returns log-probs only")
+
+
+def _sets_pad_size(func: ast.FunctionDef) -> bool:
+    return any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Subscript) and compat.has_string(t.slice, "pad_size") for t in n.targets)
+        for n in ast.walk(func)
+    )
+
+
+def decide_engine(tree: ast.Module) -> Decision:
+    base, lm = compat.find_class(tree, ENGINE_BASE), compat.find_class(tree, ENGINE_LM)
+    batch = compat.find_function(base, "forward_backward_batch")
+    inputs = compat.find_function(lm, "prepare_model_inputs")
+    outputs = compat.find_function(lm, "prepare_model_outputs")
+    if batch is None or compat.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
+        return Decision(
+            Verdict.UNRECOGNIZED, f"no {ENGINE_BASE}.forward_backward_batch(self, data, loss_function, forward_only)"
+        )
+    if (
+        inputs is None
+        or compat.parameters(inputs) != ["self", "micro_batch"]
+        or not (compat.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
+    ):
+        return Decision(Verdict.UNRECOGNIZED, f"{ENGINE_LM}.prepare_model_inputs pads its tokens in an unknown way")
+    if outputs is None or compat.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
+        return Decision(
+            Verdict.UNRECOGNIZED, f"no {ENGINE_LM}.prepare_model_outputs(self, output, output_args, micro_batch, ...)"
+        )
+    if not _no_upstream_replay(base, lm):
+        return Decision(Verdict.UNRECOGNIZED, "verl's FSDP engine reads router_replay itself: review the plugin's")
+    return Decision(
+        Verdict.APPLY, "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)"
+    )
+
+
+def _apply_modeling(cls_name: str):
+    def apply(module: ModuleType) -> None:
+        from verl_qwen3vl_plugin.replacements.routing_replay import routers
+
+        (routers.patch_sparse_block if cls_name == BLOCK else routers.patch_top_k_router)(module)
+
+    return apply
+
+
+def _apply_npu(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.routing_replay import routers
+
+    routers.patch_npu_block(module)
+
+
+def _apply_actor(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.routing_replay import dp_actor
+
+    cls = getattr(module, ACTOR)
+    cls._forward_micro_batch = dp_actor.forward_micro_batch(cls.__dict__["_forward_micro_batch"])
+    cls.compute_log_prob = dp_actor.compute_log_prob(cls.__dict__["compute_log_prob"])
+    cls.update_policy = dp_actor.update_policy(cls.__dict__["update_policy"])
+
+
+def _apply_worker(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.routing_replay import dp_actor
+
+    cls = getattr(module, WORKER)
+    cls.compute_log_prob = dp_actor.worker_compute_log_prob(cls.__dict__["compute_log_prob"])
+
+
+def _apply_engine(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.routing_replay import engine
+
+    base, lm = getattr(module, ENGINE_BASE), getattr(module, ENGINE_LM)
+    base.forward_backward_batch = engine.forward_backward_batch(base.__dict__["forward_backward_batch"])
+    lm.prepare_model_inputs = engine.prepare_model_inputs(lm.__dict__["prepare_model_inputs"])
+    lm.prepare_model_outputs = engine.prepare_model_outputs(lm.__dict__["prepare_model_outputs"])
+
+
+def _no_module(what: str):
+    return lambda: Decision(Verdict.NOT_USED, what)
+
+
+LEGACY_GONE = "verl >= 0.8 has no legacy FSDP actor: the FSDP engine target acts"
+PATCH = Patch(
+    name="qwen3_vl_moe_routing_replay",
+    group=MODEL,
+    targets=(
+        Target(
+            MODELING, decide_sparse_block, _apply_modeling(BLOCK), _no_module("no Qwen3-VL-MoE"), f"{BLOCK}.forward"
+        ),
+        Target(
+            MODELING, decide_top_k_router, _apply_modeling(ROUTER), _no_module("no Qwen3-VL-MoE"), f"{ROUTER}.forward"
+        ),
+        Target(NPU_PATCH, decide_npu_block, _apply_npu, _no_module("verl has no npu_patch"), f"{NPU_BLOCK}.forward"),
+        Target(DP_ACTOR, decide_actor, _apply_actor, _no_module(LEGACY_GONE)),
+        Target(WORKERS, decide_worker, _apply_worker, _no_module(LEGACY_GONE), f"{WORKER}.compute_log_prob"),
+        Target(ENGINE, decide_engine, _apply_engine),
+    ),
+    devices=None,
+    why=(
+        "MoE RL trains on routes the rollout never took: about 10% of Qwen3-30B-A3B's router decisions differ "
+        "between the rollout engine and the trainer (94% of tokens differ in at least one layer), and the extreme "
+        "probability ratios collapse training (arXiv 2510.11370). verl replays the rollout's routes (R3) or the "
+        "old-log-prob pass's (R2) only on Megatron and VeOmni: on FSDP router_replay.mode is ignored, and VeOmni's "
+        "replay does not cover qwen3_vl_moe."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.replacements.routing_replay: the Qwen3-VL-MoE routers take their top-k ids from the "
+        "micro-batch's record (probabilities gathered at them and renormalised, so the gate keeps its gradient; "
+        "MoE layer i reads slot i, also in checkpoint recompute); verl's actor (0.7) and FSDP engine (>= 0.8) lay "
+        "the record out as they lay out the tokens (remove-padding, Ulysses, dynamic batches), and R2 returns the "
+        "recorded routes as routed_experts."
+    ),
+    upstream=("verl#5392", "verl#2996", "verl#4443"),
+    remove_when="verl's FSDP engine honours router_replay.mode for qwen3_vl_moe (verl#4443 or a successor) in the "
+    "oldest verl you run.",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay",
+)

@@ -1,0 +1,216 @@
+"""Routing replay on verl 0.7's legacy FSDP actor (``DataParallelPPOActor``) and its worker.
+
+The switch is verl's own ``actor_rollout_ref.actor.router_replay.mode`` (``RouterReplayConfig``, on every actor
+config; verl's FSDP code never reads it). The reference policy has its own config (``ref.router_replay``, disabled by
+default); a LoRA run's reference pass through the actor with its adapter off never replays.
+
+- ``compute_log_prob``: R3 replays the batch's ``routed_experts`` (the rollout's); R2 records the actor's own routes,
+  which the worker returns as ``routed_experts`` (as verl's Megatron worker does) and verl's trainer unions into the
+  batch.
+- ``update_policy``: R2 and R3 replay the batch's ``routed_experts``.
+
+verl selects a fixed list of batch keys before it splits the batch, so the batch goes in as a ``DataProto`` whose
+``select`` also keeps the record (and, when recording, each sample's index, which puts the routes of dynamic
+batches back in batch order). Each micro-batch's record is laid out as ``_forward_micro_batch`` lays out its tokens:
+the attention mask's real tokens through verl's ``unpad_input``, then Ulysses padding and slicing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
+from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
+
+SAMPLE = "routing_replay_sample"  # each sample's index in the batch, while recording
+
+
+class _Session:
+    def __init__(self, phase: str, slots: dict, samples: int) -> None:
+        self.phase, self.slots = phase, slots
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (sample indices, their routes) per micro-batch
+        self.samples = samples
+
+    def assembled(self, seqlen: int) -> torch.Tensor:
+        layers, k = len(self.slots), next(iter(self.slots)).top_k
+        out = torch.zeros(self.samples, seqlen, layers, k, dtype=routes.ROUTE_DTYPE)
+        for index, part in self.parts:
+            out[index.cpu()] = part.cpu()
+        return out
+
+
+_sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # actor -> its running _Session
+_recorded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # actor -> routes its last R2 pass recorded
+_off: weakref.WeakSet = weakref.WeakSet()  # actors in a LoRA reference pass
+
+
+def _keeping(data, keys: tuple[str, ...]):
+    """``data`` (shallow: the same tensors) as a DataProto whose ``select`` also keeps those of ``keys`` it has."""
+
+    class KeepingRoutes(type(data)):
+        def select(self, batch_keys=None, *args, **kwargs):
+            if batch_keys is not None:
+                batch_keys = [*batch_keys, *(k for k in keys if k in self.batch.keys() and k not in batch_keys)]
+            return super().select(batch_keys, *args, **kwargs)
+
+    return KeepingRoutes(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+
+
+def _model(actor):
+    return actor.actor_module
+
+
+def _session(actor, data, phase: str, mode: str) -> _Session:
+    if getattr(actor, "use_prefix_grouper", False):
+        raise ReplayError("routing replay does not support the prefix grouper (actor.use_prefix_grouper=False)")
+    slots = routes.slots(_model(actor))
+    record = data.batch.get(KEY, None) if data.batch is not None else None
+    if phase == RECORD and record is not None:
+        raise ReplayError(
+            f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's "
+            f"{KEY} ({ROLLOUT}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the rollout's"
+        )
+    if phase == REPLAY and record is None:
+        if mode == "R3":
+            raise ReplayError(f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: {ROLL}")
+        raise ReplayError(
+            f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "
+            "the update needs that pass (it is skipped in rollout_correction.bypass_mode)"
+        )
+    if record is not None:
+        routes.check_record(record, tuple(data.batch["input_ids"].shape), slots, f"the batch's {KEY}")
+    return _Session(phase, slots, len(data))
+
+
+ROLLOUT = "the rollout setting " + routes.ROLLOUT_SETTING
+ROLL = f"turn on {routes.ROLLOUT_SETTING} (vLLM returns the routes)"
+
+
+@contextlib.contextmanager
+def _running(actor, session: _Session):
+    _sessions[actor] = session
+    try:
+        yield
+    finally:
+        _sessions.pop(actor, None)
+        routes.begin(None)
+
+
+def compute_log_prob(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, data, *args, **kwargs):
+        mode = None if self in _off else routes.mode_of(self.config)
+        if mode is None:
+            return original(self, data, *args, **kwargs)
+        phase = RECORD if mode == "R2" else REPLAY
+        session = _session(self, data, phase, mode)
+        if phase == RECORD:
+            batch = data.batch.copy()
+            batch[SAMPLE] = torch.arange(len(data), device=batch["input_ids"].device)
+            data = type(data)(batch=batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+        with _running(self, session):
+            result = original(self, _keeping(data, (KEY, SAMPLE)), *args, **kwargs)
+        if phase == RECORD:
+            _recorded[self] = session.assembled(data.batch["input_ids"].shape[1])
+        return result
+
+    return wrapper
+
+
+def update_policy(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, data, *args, **kwargs):
+        mode = routes.mode_of(self.config)
+        if mode is None:
+            return original(self, data, *args, **kwargs)
+        with _running(self, _session(self, data, REPLAY, mode)):
+            return original(self, _keeping(data, (KEY,)), *args, **kwargs)
+
+    return wrapper
+
+
+def forward_micro_batch(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, micro_batch, *args, **kwargs):
+        session = _sessions.get(self)
+        if session is None:
+            return original(self, micro_batch, *args, **kwargs)
+        mask = micro_batch["attention_mask"]
+        if session.phase == REPLAY:
+            rows, unpad = _decoder_order(self, micro_batch[KEY], mask)
+            routes.begin(routes.Routes(session.slots, layout.decoder_rows(rows, *unpad)))
+        else:
+            routes.begin(routes.Routes(session.slots, None))
+        out = original(self, micro_batch, *args, **kwargs)  # the routes stay current for this micro-batch's backward
+        if session.phase == RECORD:
+            session.parts.append((micro_batch[SAMPLE], _batch_order(self, routes.current().stacked(), mask)))
+        return out
+
+    return wrapper
+
+
+def _sp(actor) -> int:
+    return actor.ulysses_sequence_parallel_size if actor.use_ulysses_sp else 1
+
+
+def _decoder_order(actor, record: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The record's rows as the decoder's tokens, before Ulysses padding and slicing: (rows, (pad, sp))."""
+    sp = _sp(actor)
+    if not actor.use_remove_padding:
+        return record.flatten(0, 1), (0, 1)
+    if not mask.any():  # verl runs sp dummy tokens
+        rows = record.new_zeros(sp, *record.shape[2:])
+    else:
+        from verl.utils.attention_utils import unpad_input
+
+        rows = unpad_input(record, mask)[0]
+    return rows, (-rows.shape[0] % sp, sp)
+
+
+def _batch_order(actor, local: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """This rank's recorded routes back in the micro-batch's (bsz, seqlen) layout, zeros where no token is. Every
+    rank of the Ulysses group gathers, whatever its micro-batch holds."""
+    bsz, seqlen = mask.shape
+    if not actor.use_remove_padding:
+        return local.reshape(bsz, seqlen, *local.shape[1:])
+    from verl.utils.attention_utils import pad_input, unpad_input
+
+    sp = _sp(actor)
+    indices = unpad_input(mask.unsqueeze(-1), mask)[1]
+    packed = indices.numel() if indices.numel() else sp  # verl runs sp dummy tokens for an empty micro-batch
+    rows = layout.gathered_rows(local, -packed % sp, sp)
+    if not indices.numel():
+        return local.new_zeros(bsz, seqlen, *local.shape[1:])
+    return pad_input(rows, indices, bsz, seqlen)
+
+
+def take_recorded(actor) -> torch.Tensor | None:
+    """The routes ``actor``'s last R2 ``compute_log_prob`` recorded, (bsz, seqlen, layers, top_k) in batch order
+    with zeros where no token is; None when it recorded none. Taken once."""
+    return _recorded.pop(actor, None)
+
+
+def worker_compute_log_prob(original: Callable) -> Callable:
+    """The worker's ``compute_log_prob``, returning the routes an R2 pass recorded as ``routed_experts``."""
+
+    @functools.wraps(original)
+    def compute_log_prob(self, data, *args, **kwargs):
+        actor = self.actor
+        lora_reference = bool(data.meta_info.get("is_lora", False))
+        if lora_reference:
+            _off.add(actor)
+        try:
+            output = original(self, data, *args, **kwargs)
+        finally:
+            _off.discard(actor)
+        recorded = take_recorded(actor)
+        if recorded is not None and not lora_reference:
+            output.batch[KEY] = recorded
+        return output
+
+    return compute_log_prob

@@ -1,0 +1,117 @@
+"""Routing replay on verl >= 0.8's FSDP engine (``FSDPEngine`` / ``FSDPEngineWithLMHead``), the path every verl
+0.8 and 0.9 FSDP run trains through.
+
+The switch is verl's own ``router_replay.mode`` on the engine config (``EngineConfig``, which the FSDP engine's
+config inherits; verl reads it only for Megatron and VeOmni): ``actor_rollout_ref.actor.fsdp_config.router_replay
+.mode``. Each engine reads its own, so the reference engine (its own config, disabled by default) never replays.
+
+- ``forward_backward_batch``: a forward-only call is ``compute_log_prob``; R2 records there, and every other call
+  replays. The batch's ``routed_experts`` is already nested like ``input_ids`` (verl's ``left_right_2_no_padding``).
+- ``prepare_model_inputs``: each micro-batch's record padded as verl pads the packed tokens (``pad_size``: Ulysses
+  and static padding) and sliced to this rank's Ulysses chunk.
+- ``prepare_model_outputs``: R2's recorded routes gathered back like log-probs, returned nested as
+  ``routed_experts``; verl puts them back in batch order after dynamic batching, returns them from
+  ``compute_log_prob`` and its trainer unions them into the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
+from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
+
+_sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (phase, slots)
+
+
+def _module(engine):
+    return engine.module
+
+
+def _check(engine, data, phase: str, mode: str, slots: dict) -> None:
+    record = data.get(KEY, None)
+    if phase == RECORD and record is not None:
+        raise ReplayError(
+            f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's {KEY} "
+            f"({routes.ROLLOUT_SETTING}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the "
+            "rollout's"
+        )
+    if phase == REPLAY and record is None:
+        if mode == "R3":
+            raise ReplayError(
+                f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: turn on "
+                f"{routes.ROLLOUT_SETTING} (vLLM returns the routes)"
+            )
+        raise ReplayError(
+            f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "
+            "the update needs that pass (it is skipped in rollout_correction.bypass_mode)"
+        )
+    if record is not None:
+        ids = data["input_ids"]
+        if not (record.is_nested and ids.is_nested):
+            raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
+        if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
+            raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
+        routes.check_record(record.values(), (ids.values().shape[0],), slots, f"the batch's {KEY}")
+
+
+def forward_backward_batch(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, data, loss_function, forward_only=False):
+        # verl's own FSDP engines only: VeOmni's subclasses replay by themselves
+        mode = routes.mode_of(self.engine_config) if type(self).__module__ == original.__module__ else None
+        if mode is None:
+            return original(self, data, loss_function, forward_only)
+        phase = RECORD if mode == "R2" and forward_only else REPLAY
+        slots = routes.slots(_module(self))
+        _check(self, data, phase, mode, slots)
+        _sessions[self] = (phase, slots)
+        try:
+            return original(self, data, loss_function, forward_only)
+        finally:
+            _sessions.pop(self, None)
+            routes.begin(None)
+
+    return wrapper
+
+
+def _sp(engine) -> int:
+    return engine.ulysses_sequence_parallel_size if engine.use_ulysses_sp else 1
+
+
+def prepare_model_inputs(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, micro_batch):
+        model_inputs, output_args = original(self, micro_batch)
+        session = _sessions.get(self)
+        if session is not None:
+            from verl.utils import tensordict_utils as tu
+
+            if not tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+                raise ReplayError("routing replay on verl's FSDP engine needs actor.use_remove_padding=True")
+            phase, slots = session
+            targets = None
+            if phase == REPLAY:
+                targets = layout.decoder_rows(micro_batch[KEY].values(), output_args.get("pad_size", 0), _sp(self))
+            routes.begin(routes.Routes(slots, targets))  # current until the next micro-batch: its backward reads it
+        return model_inputs, output_args
+
+    return wrapper
+
+
+def prepare_model_outputs(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(self, output, output_args, micro_batch, *args, **kwargs):
+        model_output = original(self, output, output_args, micro_batch, *args, **kwargs)
+        session = _sessions.get(self)
+        if session is not None and session[0] == RECORD:
+            ids = micro_batch["input_ids"]
+            rows = layout.gathered_rows(routes.current().stacked(), output_args.get("pad_size", 0), _sp(self))
+            model_output[KEY] = torch.nested.nested_tensor_from_jagged(rows, offsets=ids.offsets())
+        return model_output
+
+    return wrapper

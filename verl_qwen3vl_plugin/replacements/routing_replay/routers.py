@@ -1,0 +1,80 @@
+"""Replay-aware forwards for the three Qwen3-VL-MoE routers the plugin meets. Each calls upstream's forward
+unchanged unless a micro-batch's routes cover it, so replay off is today's numerics bit for bit; under replay it is
+upstream's routing (softmax in fp32, top-k, renormalised over the k, cast as upstream casts) with ``routes.top_k``
+choosing the experts:
+
+- transformers 4.57's ``Qwen3VLMoeTextSparseMoeBlock`` (its gate is a Linear, the block routes): the dense routing
+  matrix its experts read, and the router logits, returned as upstream returns them;
+- transformers 5's ``Qwen3VLMoeTextTopKRouter``: (logits, top-k weights, top-k ids);
+- verl's Ascend ``NPUQwen3VLMoeTextSparseMoeBlock``: the plugin's routing fix (``npu_qwen3_vl_moe_routing``), whose
+  top-k already goes through ``routes.top_k``; in training and eval alike, so replay never runs verl 0.7.1's
+  mis-weighted training routing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verl_qwen3vl_plugin.replacements.routing_replay import routes
+
+ROUTER_CLASSES: tuple[type, ...] = ()  # the classes the patch made replay-aware, in this process
+
+
+def _register(cls: type) -> None:
+    global ROUTER_CLASSES
+    if cls not in ROUTER_CLASSES:
+        ROUTER_CLASSES = (*ROUTER_CLASSES, cls)
+
+
+def _replay_aware(cls: type, replay: Callable) -> None:
+    upstream = cls.forward
+
+    @functools.wraps(upstream)
+    def forward(self, hidden_states: torch.Tensor):
+        if not routes.replaying(self):
+            return upstream(self, hidden_states)
+        return replay(self, hidden_states)
+
+    cls.forward = routes.mark(forward)
+    _register(cls)
+
+
+def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers 4.57's sparse block under replay: (experts' output, router logits)."""
+    batch_size = hidden_states.shape[0]
+    tokens = hidden_states.reshape(-1, self.hidden_size)
+    router_logits = self.gate(tokens)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+    top_weights, router_indices = routes.top_k(self, probs, self.top_k)
+    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(tokens.dtype)
+    router_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)
+    out = self.experts(tokens.reshape(batch_size, -1, self.hidden_size), router_weights, router_indices)
+    return out, router_logits
+
+
+def top_k_router_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """transformers 5's top-k router under replay: (logits, normalised top-k weights, top-k ids)."""
+    router_logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+    top_weights, router_indices = routes.top_k(self, probs, self.top_k)
+    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(router_logits.dtype)
+    return router_logits, top_weights, router_indices
+
+
+def patch_sparse_block(module) -> None:
+    _replay_aware(module.Qwen3VLMoeTextSparseMoeBlock, sparse_block_replay)
+
+
+def patch_top_k_router(module) -> None:
+    _replay_aware(module.Qwen3VLMoeTextTopKRouter, top_k_router_replay)
+
+
+def patch_npu_block(module) -> None:
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import sparse_moe_block_forward
+
+    _replay_aware(module.NPUQwen3VLMoeTextSparseMoeBlock, sparse_moe_block_forward)

@@ -1,0 +1,171 @@
+"""The routes one micro-batch replays or records, one slot per MoE layer, and the top-k choice of every patched
+router.
+
+One ``Routes`` is current per process: verl runs a micro-batch's forward, then its backward (where activation
+checkpointing recomputes the forward), before the next micro-batch's forward. So the routes stay current until the
+next micro-batch replaces them or the verl call that set them ends. A router finds its slot by its own identity
+(``slots``: router module -> MoE layer ordinal), so a recompute reads the slot its forward read.
+
+A row with no record (left and right padding, Ulysses padding, and the last response token, which the rollout
+engine never ran) is zeros in verl's record: top-k experts that are all equal, which no real route of top_k > 1 is.
+Such a row is routed by the router's own top-k; it feeds no log-prob.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+KEY = "routed_experts"  # verl's batch key: (bsz, seqlen, layers, top_k), or nested (bsz, j, layers, top_k)
+RECORD, REPLAY = "record", "replay"
+MODES = ("R2", "R3")
+ROLLOUT_SETTING = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
+ROUTE_DTYPE = torch.int16  # as verl 0.9.1's agent loop stores the rollout's record
+_REPLAY_AWARE = "_verl_qwen3vl_plugin_replay_aware"
+
+
+class ReplayError(ValueError):
+    """A routing-replay setting, model or record that replay cannot honour: never a silent fallback."""
+
+
+class Routes:
+    """One micro-batch's routes: ``targets`` (tokens, layers, top_k) to replay, or None to record."""
+
+    def __init__(self, slots: Mapping[nn.Module, int], targets: torch.Tensor | None) -> None:
+        self.slots = slots
+        self.targets = targets
+        self.recorded: list[torch.Tensor | None] = [None] * (max(slots.values(), default=-1) + 1)
+        self._on_device: torch.Tensor | None = None
+
+    def choose(self, router: nn.Module, probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(top-k probabilities, expert ids) for ``router``'s tokens: its own top-k, recorded; or the replayed ids
+        with the probabilities gathered at them, so the gate still gets its gradient."""
+        slot = self.slots[router]
+        weights, indices = torch.topk(probs, top_k, dim=-1)
+        if self.targets is None:
+            self.recorded[slot] = indices.detach()
+            return weights, indices
+        if self.targets.shape[0] != probs.shape[0]:
+            raise ReplayError(
+                f"the routing record has {self.targets.shape[0]} rows for this micro-batch, but MoE layer {slot} "
+                f"routes {probs.shape[0]} tokens: the record is not aligned with the batch"
+            )
+        if self._on_device is None or self._on_device.device != probs.device:
+            self._on_device = self.targets.to(probs.device, torch.long)
+        target = self._on_device[:, slot]
+        if top_k > 1:
+            target = torch.where((target == target[:, :1]).all(-1, keepdim=True), indices, target)
+        return probs.gather(-1, target), target
+
+    def stacked(self) -> torch.Tensor:
+        """The recorded routes, (tokens, layers, top_k) in verl's record dtype."""
+        missing = [slot for slot, ids in enumerate(self.recorded) if ids is None]
+        if missing:
+            raise ReplayError(f"MoE layers {missing} did not route in the recording forward")
+        return torch.stack(self.recorded, dim=1).to(ROUTE_DTYPE)
+
+
+_current: Routes | None = None
+_slots: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, int]] = weakref.WeakKeyDictionary()
+
+
+def begin(routes: Routes | None) -> None:
+    global _current
+    _current = routes
+
+
+def current() -> Routes | None:
+    return _current
+
+
+def top_k(router: nn.Module, probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(probs, k, dim=-1)``, unless replay is on for ``router``'s model."""
+    routes = _current
+    if routes is None or router not in routes.slots:
+        return torch.topk(probs, k, dim=-1)
+    return routes.choose(router, probs, k)
+
+
+def replaying(router: nn.Module) -> bool:
+    """Whether a micro-batch's routes cover ``router`` now (the patched forwards call upstream's otherwise)."""
+    return _current is not None and router in _current.slots
+
+
+def mark(forward):
+    """Mark a forward as one that routes through ``top_k``, so ``slots`` can tell it from one set over it."""
+    setattr(forward, _REPLAY_AWARE, True)
+    return forward
+
+
+def slots(model: nn.Module) -> dict[nn.Module, int]:
+    """The model's routers, in layer order, each with its MoE layer ordinal; cached per model.
+
+    A router is a module whose forward the plugin made replay-aware (``mark``). A router class whose forward was
+    replaced after the plugin patched it (verl's ``apply_monkey_patch`` on transformers <= 4.57.3 sets its own MoE
+    block forward) would ignore the record: that is an error, as is a model with no router at all.
+    """
+    found = _slots.get(model)
+    if found is not None:
+        return found
+    from verl_qwen3vl_plugin.replacements.routing_replay.routers import ROUTER_CLASSES
+
+    routers = [m for m in model.modules() if isinstance(m, ROUTER_CLASSES)]
+    replaced = sorted({type(m).__qualname__ for m in routers if not getattr(type(m).forward, _REPLAY_AWARE, False)})
+    if replaced:
+        raise ReplayError(
+            f"routing replay is on, but {', '.join(replaced)}.forward was replaced after the plugin patched it, so "
+            "it would ignore the record"
+        )
+    if not routers:
+        raise ReplayError(
+            f"routing replay is on, but {type(model).__name__} has no MoE router the plugin patched "
+            "(Qwen3-VL-MoE's sparse block or top-k router, or verl's Ascend sparse block); see "
+            "`verl-qwen3vl-plugin doctor`"
+        )
+    found = {router: i for i, router in enumerate(routers)}
+    _slots[model] = found
+    return found
+
+
+def mode_of(config) -> str | None:
+    """``router_replay.mode`` of a verl actor or engine config (a dataclass, an OmegaConf node, or the plain dict
+    hydra leaves where the FSDP engine's YAML does not declare the group): "R2", "R3", or None when disabled."""
+    replay = _field(config, "router_replay")
+    mode = _field(replay, "mode") if replay is not None else None
+    if mode in (None, "disabled"):
+        return None
+    if mode not in MODES:
+        raise ReplayError(f"router_replay.mode={mode!r}: use 'disabled', 'R2' or 'R3'")
+    return mode
+
+
+def _field(config, name: str):
+    if isinstance(config, Mapping):
+        return config.get(name)
+    try:
+        return config.get(name)  # OmegaConf DictConfig and verl's BaseConfig
+    except AttributeError:
+        return getattr(config, name, None)
+
+
+def check_record(record: torch.Tensor, tokens: tuple[int, ...], routers: Mapping[nn.Module, int], what: str) -> None:
+    """``record`` ``tokens + (layers, top_k)`` integers, every id an expert of the model; else a ReplayError that
+    names what does not match."""
+    layers = len(routers)
+    router = next(iter(routers))
+    k, experts = router.top_k, router.num_experts
+    if record.is_floating_point() or record.is_complex() or record.dtype == torch.bool:
+        raise ReplayError(f"{what} has dtype {record.dtype}: expert ids must be integers")
+    if tuple(record.shape) != (*tokens, layers, k):
+        raise ReplayError(
+            f"{what} has shape {tuple(record.shape)}, but the batch and model need {(*tokens, layers, k)} "
+            f"(tokens, {layers} MoE layers, top_k {k})"
+        )
+    if record.numel() and (int(record.min()) < 0 or int(record.max()) >= experts):
+        raise ReplayError(
+            f"{what} holds expert ids in [{int(record.min())}, {int(record.max())}], but the model has "
+            f"{experts} experts"
+        )

@@ -1,0 +1,302 @@
+"""Checks of the ``qwen3_vl_moe_routing_replay`` patch, through verl's own code: verl 0.7's
+``DataParallelPPOActor.compute_log_prob`` / ``update_policy``, or verl >= 0.8's ``FSDPEngine.forward_backward_batch``
+(``ulysses.engine_for``), on a tiny Qwen3-VL-MoE with images.
+
+The rollout stand-in is the same model with perturbed weights, run through the same verl forward with replay off;
+the experts each of its MoE layers is handed (a hook on the experts module, not the plugin's record) are packed as
+verl's agent loop packs vLLM's ``routed_experts``: (bsz, prompt + response, layers, top_k) int16, row s for
+``input_ids[s]`` of the left-padded prompt, zeros for padding and for each sample's last token (the rollout engine
+never runs the token it sampled last).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+
+import numpy as np
+import torch
+from torch import nn
+
+from verl_qwen3vl_plugin.selftest import Check, installed_decision
+
+# Per sample its images as (t, h, w) grids, then text (``ulysses.micro_batch``): left padding, an image-free sample.
+SAMPLES = [[(1, 4, 4)], [(1, 2, 2), (1, 4, 6)], [], [(1, 2, 4)]]
+TEXT = dict(num_experts=8, num_experts_per_tok=2)  # a real top-k choice in each of the two MoE layers
+INDEX_PARAMETERS = ("router_indices", "top_k_index")  # the experts' ids argument: transformers 4.57, 5.x
+
+
+def experts_modules(model: nn.Module) -> list[nn.Module]:
+    return [layer.mlp.experts for layer in model.model.language_model.layers]
+
+
+@contextlib.contextmanager
+def chosen_experts(model: nn.Module):
+    """Per MoE layer, the expert ids its experts module is handed, per call: what the model actually routed."""
+    chosen: list[list[torch.Tensor]] = []
+    handles = []
+    for i, experts in enumerate(experts_modules(model)):
+        names = list(inspect.signature(type(experts).forward).parameters)[1:]
+        position = next(names.index(n) for n in INDEX_PARAMETERS if n in names)
+        chosen.append([])
+        handles.append(
+            experts.register_forward_pre_hook(lambda _, args, i=i, p=position: chosen[i].append(args[p].detach()))
+        )
+    try:
+        yield chosen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def in_batch_layout(per_layer: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Packed (tokens, top_k) ids per layer as (bsz, seqlen, layers, top_k), -1 where no token is."""
+    bsz, seqlen = mask.shape
+    packed = torch.stack(per_layer, dim=1)
+    out = torch.full((bsz * seqlen, *packed.shape[1:]), -1, dtype=torch.long)
+    out[mask.flatten().nonzero().flatten()] = packed.long()
+    return out.view(bsz, seqlen, *packed.shape[1:])
+
+
+def last_tokens(mask: torch.Tensor) -> torch.Tensor:
+    """(bsz, seqlen) True at each sample's last real token."""
+    last = torch.zeros_like(mask, dtype=torch.bool)
+    last[torch.arange(mask.shape[0]), mask.shape[1] - 1 - mask.flip(-1).int().argmax(-1)] = True
+    return last
+
+
+def build() -> nn.Module:
+    """The tiny model after verl's ``apply_monkey_patch`` (its attention and Ulysses wrappers, SP up to 2)."""
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    from verl_qwen3vl_plugin.selftest.ulysses import build_model
+
+    model = build_model("moe", text=TEXT)
+    apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)
+    return model
+
+
+def perturbed(model: nn.Module, scale: float, seed: int = 7) -> nn.Module:
+    """A copy whose every weight is moved by ``scale`` of its own size: the rollout engine's other numerics."""
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * p.abs().mean() * scale)
+    return other
+
+
+def batch_of(samples=SAMPLES) -> dict:
+    from verl_qwen3vl_plugin.selftest.ulysses import micro_batch
+
+    return micro_batch(samples)
+
+
+def rollout_stand_in(model: nn.Module, batch: dict, scale: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+    """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs)."""
+    rollout = perturbed(model, scale)
+    with chosen_experts(rollout) as chosen:
+        result = verl_pass(rollout, batch)
+    record = in_batch_layout([torch.cat(calls) for calls in chosen], batch["attention_mask"]).clamp(min=0)
+    record[last_tokens(batch["attention_mask"])] = 0
+    return record.to(torch.int16), result["log_probs"]
+
+
+def _response_log_probs(packed: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Packed per-token log-probs (verl >= 0.8's nested output) as (bsz, response): token t's log-prob sits at t-1."""
+    mask = batch["attention_mask"]
+    full = torch.zeros(mask.numel(), dtype=packed.dtype)
+    full[mask.flatten().nonzero().flatten()] = packed
+    response = batch["responses"].shape[1]
+    return full.view(mask.shape)[:, -response - 1 : -1]
+
+
+def verl_pass(
+    model: nn.Module,
+    batch: dict,
+    mode: str | None = None,
+    record: torch.Tensor | None = None,
+    train: bool = False,
+    sp: int = 1,
+    dynamic: bool = False,
+) -> dict:
+    """One verl log-prob pass (``train``: the update's forward and backward) with ``router_replay.mode`` = ``mode``:
+    {"log_probs": (bsz, response), "recorded": an R2 pass's routes (bsz, seqlen, layers, top_k) or None}."""
+    try:
+        from verl.workers.actor import dp_actor  # noqa: F401  (verl 0.7.x)
+    except ImportError:
+        return _engine_run(model, batch, mode, record, train, sp, dynamic)
+    return _actor_run(model, batch, mode, record, train, sp, dynamic)
+
+
+def _actor_run(model, batch, mode, record, train, sp, dynamic) -> dict:
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.workers.config.actor import RouterReplayConfig
+
+    from verl_qwen3vl_plugin.replacements.routing_replay.dp_actor import take_recorded
+    from verl_qwen3vl_plugin.selftest.ulysses import actor_for
+
+    bsz = batch["input_ids"].shape[0]
+    tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
+    tensors["response_mask"] = torch.ones_like(batch["responses"])
+    if record is not None:
+        tensors["routed_experts"] = record
+    meta = {"micro_batch_size": 2, "temperature": 1.0, "use_dynamic_bsz": dynamic, "max_token_len": 96}
+    meta["pad_token_id"] = 0
+    non_tensor = {"multi_modal_inputs": batch["multi_modal_inputs"]}
+    config = dict(router_replay=RouterReplayConfig(mode=mode or "disabled"), ppo_mini_batch_size=bsz)
+    config.update(ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=96)
+    actor = actor_for(model, sp, **config)
+    if not train:
+        data = DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
+        out = actor.compute_log_prob(data, calculate_entropy=False)
+        log_probs = out["log_probs"] if isinstance(out, dict) else out[0]  # 0.7.0: (log_probs, entropys)
+        return {"log_probs": log_probs.detach(), "recorded": take_recorded(actor)}
+    tensors["old_log_probs"] = torch.zeros(bsz, batch["responses"].shape[1])
+    tensors["advantages"] = torch.randn(bsz, batch["responses"].shape[1], generator=torch.Generator().manual_seed(2))
+    data = DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
+    captured = []
+    forward = actor._forward_micro_batch
+
+    def capturing(micro_batch, *args, **kwargs):
+        result = forward(micro_batch, *args, **kwargs)
+        log_probs = result["log_probs"] if isinstance(result, dict) else result[1]
+        captured.append((micro_batch["input_ids"], log_probs.detach().clone()))
+        return result
+
+    actor._forward_micro_batch = capturing
+    actor.update_policy(data)
+    return {"log_probs": _in_batch_order(captured, batch), "recorded": None}
+
+
+def _in_batch_order(captured: list, batch: dict) -> torch.Tensor:
+    """The update's micro-batch log-probs back in batch order (rows found by their input ids)."""
+    rows = {}
+    for ids, log_probs in captured:
+        for sample_ids, lp in zip(ids, log_probs, strict=True):
+            rows[tuple(sample_ids.tolist())] = lp
+    return torch.stack([rows[tuple(ids.tolist())] for ids in batch["input_ids"]])
+
+
+def _engine_run(model, batch, mode, record, train, sp, dynamic) -> dict:
+    from verl.utils import tensordict_utils as tu
+
+    from verl_qwen3vl_plugin.selftest.ulysses import engine_batch, engine_for
+
+    engine = engine_for(model, sp, router_replay={"mode": mode or "disabled"})
+    data = engine_batch(batch, **({"routed_experts": record} if record is not None else {}))
+    settings = dict(use_dynamic_bsz=dynamic, max_token_len_per_gpu=96, micro_batch_size_per_gpu=2)
+    for key, value in settings.items():
+        tu.assign_non_tensor_data(data, key, value)
+    weights = torch.randn(data["input_ids"].values().shape[0], generator=torch.Generator().manual_seed(2))
+    offsets = data["input_ids"].offsets()
+
+    def loss_function(model_output, data, dp_group):
+        log_probs = model_output["log_probs"].values()
+        if not train:
+            return log_probs.sum() * 0, {}
+        # each micro-batch's tokens weighted by the seeded weights of those tokens in the whole batch
+        ids = data["input_ids"]
+        starts = [offsets[i] for i in _rows_of(ids, batch)]
+        lengths = ids.offsets().diff()
+        index = torch.cat([torch.arange(int(s), int(s) + int(n)) for s, n in zip(starts, lengths, strict=True)])
+        return (log_probs * weights[index]).sum(), {}
+
+    output = engine.forward_backward_batch(data, loss_function, forward_only=not train)
+    model_output = output["model_output"]
+    if train:
+        return {"log_probs": None, "recorded": None}
+    log_probs = _response_log_probs(model_output["log_probs"].values().detach(), batch)
+    recorded = model_output.get("routed_experts")
+    if recorded is not None:
+        recorded = _nested_in_batch_layout(recorded, batch["attention_mask"])
+    return {"log_probs": log_probs, "recorded": recorded}
+
+
+def _rows_of(ids, batch: dict) -> list[int]:
+    """Which samples of ``batch`` a micro-batch's nested input ids are."""
+    packed = [tuple(t.tolist()) for t in batch["input_ids"]]
+    real = [tuple(t[m.bool()].tolist()) for t, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
+    del packed
+    return [real.index(tuple(t.tolist())) for t in ids.unbind()]
+
+
+def _nested_in_batch_layout(nested: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    values = nested.values()
+    out = torch.zeros(mask.numel(), *values.shape[1:], dtype=values.dtype)
+    out[mask.flatten().nonzero().flatten()] = values
+    return out.view(*mask.shape, *values.shape[1:])
+
+
+def mismatch(chosen: torch.Tensor, record: torch.Tensor, mask: torch.Tensor) -> float:
+    """The fraction of recorded real tokens routed to a different expert set in at least one layer."""
+    recorded = mask.bool() & ~last_tokens(mask)
+    same = chosen.sort(-1).values == record.long().sort(-1).values
+    return float((~same.all(-1).all(-1))[recorded].float().mean())
+
+
+def routes_of(model: nn.Module, batch: dict, **kwargs) -> tuple[dict, torch.Tensor]:
+    """``verl_pass``'s result and the experts each real token went to, (bsz, seqlen, layers, top_k)."""
+    with chosen_experts(model) as chosen:
+        result = verl_pass(model, batch, **kwargs)
+    per_layer = [torch.cat(calls) for calls in chosen]
+    return result, _chosen_in_batch_layout(per_layer, batch, kwargs.get("dynamic", False))
+
+
+def _chosen_in_batch_layout(per_layer, batch, dynamic):
+    if dynamic:
+        raise ValueError("chosen experts are laid out for micro-batches in batch order")
+    return in_batch_layout(per_layer, batch["attention_mask"])
+
+
+def run_checks() -> list[Check]:
+    """R3 replays the rollout's routes exactly, and R2's update replays its record bit for bit."""
+    model = build()
+    batch = batch_of()
+    mask = batch["attention_mask"]
+    record, rollout_lp = rollout_stand_in(model, batch)
+    off, chosen_off = routes_of(model, batch)
+    r3, chosen_r3 = routes_of(model, batch, mode="R3", record=record)
+    replayed = mismatch(chosen_r3, record, mask)
+    before = mismatch(chosen_off, record, mask)
+    dlp = [float((r["log_probs"] - rollout_lp).abs().mean()) for r in (off, r3)]
+    checks = [
+        Check(
+            "R3 routes every recorded token as the rollout did",
+            replayed == 0.0 and before > 0,
+            f"tokens routed unlike the rollout: {before:.0%} with replay off, {replayed:.0%} with R3; "
+            f"mean |log p - rollout log p| {dlp[0]:.2e} off, {dlp[1]:.2e} R3",
+        )
+    ]
+    r2 = verl_pass(model, batch, mode="R2")
+    own = chosen_off.clamp(min=0).to(torch.int16)
+    real = mask.bool().unsqueeze(-1).unsqueeze(-1)
+    same_as_own = r2["recorded"] is not None and torch.equal(r2["recorded"] * real, own * real)
+    checks.append(Check("R2 records the routes the model took", same_as_own, "old-log-prob pass against a hook"))
+    return checks
+
+
+def run() -> list[Check]:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH
+    from verl_qwen3vl_plugin.registry import Verdict
+
+    decisions = [installed_decision(PATCH, t) for t in PATCH.targets]
+    if any(d.verdict is Verdict.UNRECOGNIZED for d in decisions):
+        reason = next(d.reason for d in decisions if d.verdict is Verdict.UNRECOGNIZED)
+        return [Check("routing replay through verl", False, f"unrecognized: {reason}")]
+    import socket
+
+    import torch.distributed as dist
+
+    from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
+
+    install_cpu_stand_ins()
+    if not dist.is_initialized():  # verl's actor and engine log and reduce over the default group
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    np.random.seed(0)
+    return run_checks()
