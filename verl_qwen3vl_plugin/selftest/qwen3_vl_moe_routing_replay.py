@@ -50,6 +50,16 @@ def chosen_experts(model: nn.Module):
             handle.remove()
 
 
+def gate_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The routers' weight gradients (full tensors under FSDP2)."""
+    grads = {}
+    for name, p in model.named_parameters():
+        if ".mlp.gate" in name and p.grad is not None:
+            grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads[name] = grad.detach().clone()
+    return grads
+
+
 def in_batch_layout(per_layer: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """Packed (tokens, top_k) ids per layer as (bsz, seqlen, layers, top_k), -1 where no token is."""
     bsz, seqlen = mask.shape
@@ -166,9 +176,11 @@ def _actor_run(model, batch, mode, record, train, sp, dynamic) -> dict:
         captured.append((micro_batch["input_ids"], log_probs.detach().clone()))
         return result
 
+    grads = {}
     actor._forward_micro_batch = capturing
+    actor.actor_optimizer.step = lambda *args, **kwargs: grads.update(gate_grads(model))  # verl zeroes them after
     actor.update_policy(data)
-    return {"log_probs": _in_batch_order(captured, batch), "recorded": None}
+    return {"log_probs": _in_batch_order(captured, batch), "recorded": None, "gate_grads": grads}
 
 
 def _in_batch_order(captured: list, batch: dict) -> torch.Tensor:
@@ -190,37 +202,26 @@ def _engine_run(model, batch, mode, record, train, sp, dynamic) -> dict:
     settings = dict(use_dynamic_bsz=dynamic, max_token_len_per_gpu=96, micro_batch_size_per_gpu=2)
     for key, value in settings.items():
         tu.assign_non_tensor_data(data, key, value)
-    weights = torch.randn(data["input_ids"].values().shape[0], generator=torch.Generator().manual_seed(2))
-    offsets = data["input_ids"].offsets()
+    real = [tuple(t[m.bool()].tolist()) for t, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
+    weights = [torch.randn(len(ids), generator=torch.Generator().manual_seed(2 + i)) for i, ids in enumerate(real)]
+    captured = {}
 
     def loss_function(model_output, data, dp_group):
-        log_probs = model_output["log_probs"].values()
-        if not train:
-            return log_probs.sum() * 0, {}
-        # each micro-batch's tokens weighted by the seeded weights of those tokens in the whole batch
-        ids = data["input_ids"]
-        starts = [offsets[i] for i in _rows_of(ids, batch)]
-        lengths = ids.offsets().diff()
-        index = torch.cat([torch.arange(int(s), int(s) + int(n)) for s, n in zip(starts, lengths, strict=True)])
-        return (log_probs * weights[index]).sum(), {}
+        loss = 0.0
+        for ids, log_probs in zip(data["input_ids"].unbind(), model_output["log_probs"].unbind(), strict=True):
+            row = real.index(tuple(ids.tolist()))
+            captured[row] = log_probs.detach()
+            loss = loss + (log_probs * weights[row]).sum()
+        return loss if train else loss * 0, {}
 
+    model.train(train)  # as the worker's engine.train_mode() / eval_mode() set it
     output = engine.forward_backward_batch(data, loss_function, forward_only=not train)
-    model_output = output["model_output"]
-    if train:
-        return {"log_probs": None, "recorded": None}
-    log_probs = _response_log_probs(model_output["log_probs"].values().detach(), batch)
-    recorded = model_output.get("routed_experts")
+    packed = torch.cat([captured[row] for row in range(len(real))])
+    recorded = output["model_output"].get("routed_experts")
     if recorded is not None:
         recorded = _nested_in_batch_layout(recorded, batch["attention_mask"])
-    return {"log_probs": log_probs, "recorded": recorded}
-
-
-def _rows_of(ids, batch: dict) -> list[int]:
-    """Which samples of ``batch`` a micro-batch's nested input ids are."""
-    packed = [tuple(t.tolist()) for t in batch["input_ids"]]
-    real = [tuple(t[m.bool()].tolist()) for t, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
-    del packed
-    return [real.index(tuple(t.tolist())) for t in ids.unbind()]
+    result = {"log_probs": _response_log_probs(packed, batch), "recorded": recorded}
+    return {**result, "gate_grads": gate_grads(model)} if train else result
 
 
 def _nested_in_batch_layout(nested: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -238,17 +239,15 @@ def mismatch(chosen: torch.Tensor, record: torch.Tensor, mask: torch.Tensor) -> 
 
 
 def routes_of(model: nn.Module, batch: dict, **kwargs) -> tuple[dict, torch.Tensor]:
-    """``verl_pass``'s result and the experts each real token went to, (bsz, seqlen, layers, top_k)."""
+    """``verl_pass``'s result and the experts each real token went to, (bsz, seqlen, layers, top_k); with a
+    recompute (activation checkpointing), its calls must route as the forward's did."""
     with chosen_experts(model) as chosen:
         result = verl_pass(model, batch, **kwargs)
-    per_layer = [torch.cat(calls) for calls in chosen]
-    return result, _chosen_in_batch_layout(per_layer, batch, kwargs.get("dynamic", False))
-
-
-def _chosen_in_batch_layout(per_layer, batch, dynamic):
-    if dynamic:
-        raise ValueError("chosen experts are laid out for micro-batches in batch order")
-    return in_batch_layout(per_layer, batch["attention_mask"])
+    step = 2 if kwargs.get("train") and model.is_gradient_checkpointing else 1  # per micro-batch: forward, recompute
+    per_layer = [torch.cat(layer[::step]) for layer in chosen]
+    recomputed = [torch.cat(layer[step - 1 :: step]) for layer in chosen]
+    result["recompute_same"] = all(torch.equal(a, b) for a, b in zip(per_layer, recomputed, strict=True))
+    return result, in_batch_layout(per_layer, batch["attention_mask"])
 
 
 def run_checks() -> list[Check]:
