@@ -145,6 +145,27 @@ def test_applied_but_not_run_here_says_why(npu):
     reason="CI time: the self-test's checks are the suite's own check functions, run on every stack; the whole "
     "`doctor --selftest` runs on the main stack and the newest",
 )
+def test_says_whether_routing_replay_is_available_and_how(plain_json):
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ENGINE_SWITCH, LEGACY_SWITCH
+
+    _, report = plain_json
+    line = report["routing_replay"]
+    assert line.startswith("available (off by default)"), line
+    assert ENGINE_SWITCH in line and (LEGACY_SWITCH in line) == (VERL.release < (0, 8)), line
+    assert "enable_rollout_routing_replay=True" in line
+
+
+def test_routing_replay_unavailable_says_why():
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH, availability
+
+    labels = [t.label for t in PATCH.targets]
+    no_router = dict.fromkeys(labels, "apply") | dict.fromkeys(labels[:3], "unrecognized")
+    assert "no Qwen3-VL-MoE router" in availability(no_router)
+    no_path = dict.fromkeys(labels, "unrecognized") | {labels[1]: "apply"}
+    assert "neither verl's legacy FSDP actor nor its FSDP engine" in availability(no_path)
+    assert "disabled" in availability(dict.fromkeys(labels, "disabled"))
+
+
 def test_selftest_runs_every_patch_and_passes():
     proc = doctor("--selftest", "--json")
     report = json.loads(proc.stdout)

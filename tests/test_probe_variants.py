@@ -479,6 +479,72 @@ _SHAPES = [
             ),
         ),
     ),  # fmt: skip
+    Shape(
+        "qwen3_vl_moe_routing_replay",
+        f"{MOE}:Qwen3VLMoeTextSparseMoeBlock.forward",
+        "takes its routes from",
+        (
+            Variant(
+                "the block also takes a top-k",
+                MOE,
+                in_method("Qwen3VLMoeTextSparseMoeBlock", "forward", prepend("torch.topk(hidden_states, 1)")),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "renamed router class",
+                MOE,
+                substitute(r"class Qwen3VLMoeTextTopKRouter\(", "class Qwen3VLMoeTextRouter("),
+                UNRECOGNIZED,
+            ),
+        ),
+    ),
+    Shape(
+        "qwen3_vl_moe_routing_replay",
+        f"{MOE}:Qwen3VLMoeTextTopKRouter.forward",
+        "no Qwen3VLMoeTextTopKRouter",
+        (
+            Variant(
+                "the block sorts instead of a top-k",
+                MOE,
+                replace("torch.topk(routing_weights", "torch.sort(routing_weights"),
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "the block returns one value",
+                MOE,
+                replace("return routed_out, router_logits", "return routed_out"),
+                UNRECOGNIZED,
+            ),
+        ),
+    ),
+    *(
+        Shape(
+            "qwen3_vl_moe_routing_replay",
+            target,
+            "no legacy FSDP actor (verl >= 0.8)",
+            (
+                Variant(
+                    "the engine reads router_replay",
+                    ENGINE,
+                    in_class(
+                        "FSDPEngineWithLMHead",
+                        add_method("def replay_mode(self):\n    return self.engine_config.router_replay.mode"),
+                    ),
+                    UNRECOGNIZED,
+                ),
+                Variant(
+                    "the engine names its pad otherwise",
+                    ENGINE,
+                    substitute(r"output_args\[\"pad_size\"\] =", 'output_args["padding"] ='),
+                    UNRECOGNIZED,
+                ),
+            ),
+        )
+        for target in (
+            "verl.workers.actor.dp_actor",
+            "verl.workers.fsdp_workers:ActorRolloutRefWorker.compute_log_prob",
+        )
+    ),
 ]
 
 

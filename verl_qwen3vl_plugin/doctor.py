@@ -44,6 +44,7 @@ class Report:
     patches: dict[str, dict[str, object]]
     devices: dict[str, bool]
     actions: list[str] = field(default_factory=list)
+    routing_replay: str = ""
     selftest: list[dict[str, object]] | None = None
 
     @property
@@ -142,6 +143,13 @@ def patch_verdicts(
     return report, actions
 
 
+def _routing_replay(patches: dict[str, dict[str, object]]) -> str:
+    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay
+
+    targets = patches[replay.PATCH.name]["targets"]
+    return replay.availability({label: t["verdict"] for label, t in targets.items()})
+
+
 def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> Report:
     env = dict(os.environ if env is None else env)
     check_env(env)
@@ -152,7 +160,7 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
     present = devices()
     disabled = disabled_patches(NAMES, env)
     patches, unrecognized = patch_verdicts(present, disabled)
-    report = Report(versions, info, patches, present, actions + unrecognized)
+    report = Report(versions, info, patches, present, actions + unrecognized, _routing_replay(patches))
     if disabled:
         info["disabled_by_user"] = sorted(disabled)
     if selftest:
@@ -176,6 +184,7 @@ def render(report: Report) -> str:
         where = f" (applies, but does not run here: {patch['dormant']})" if patch["dormant"] else ""
         lines.append(f"  {name}{where}")
         lines += [f"    {module:58} {t['verdict']:15} {t['reason']}" for module, t in patch["targets"].items()]
+    lines += ["", f"routing replay (R2 / R3): {report.routing_replay}"]
     lines += ["", "devices: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report.devices.items())]
     if report.selftest is not None:
         lines += ["", "selftest (CPU, tiny models):"]

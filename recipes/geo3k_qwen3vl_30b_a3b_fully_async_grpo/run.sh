@@ -15,6 +15,7 @@
 #   CKPTS_DIR          checkpoints                                                           [~/ckpts/RECIPE]
 #   RECIPE             config in recipe/                                                     [geo3k_qwen3vl_30b_a3b]
 #   PYTHON             interpreter with verl and verl-qwen3vl-plugin                         [python3]
+#   ROUTING_REPLAY     off, R3 (replay the rollout's routes) or R2 (the old-log-prob pass's)  [off]
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -71,6 +72,11 @@ ARGS=(
     "rollout.n_gpus_per_node=$ROLLOUT_PER_NODE"
 )
 [[ -n "${MODEL_PATH:-}" ]] && ARGS+=("actor_rollout_ref.model.path=$MODEL_PATH")
+if [[ "${ROUTING_REPLAY:-off}" != off ]]; then  # verl's own switch, on the path this verl trains FSDP through
+    mapfile -t REPLAY < <("$PYTHON" "$HERE/compose.py" --routing-replay "$ROUTING_REPLAY")
+    (( ${#REPLAY[@]} )) || die "ROUTING_REPLAY must be off, R2 or R3, got '$ROUTING_REPLAY'"
+    ARGS+=("${REPLAY[@]}")
+fi
 
 if (( DRY_RUN )); then
     exec "$PYTHON" "$HERE/compose.py" "${ARGS[@]}" "$@"

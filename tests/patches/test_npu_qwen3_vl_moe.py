@@ -241,3 +241,33 @@ def test_grouped_eval_output_bit_identical_to_training(npu):
     _, block = block_pair(npu.hf_block, npu.npu_block, num_experts=4)
     evaluation, training = run_block(block, block_input(), False), run_block(block, block_input(), True)
     assert torch.equal(evaluation.out, training.out)
+
+
+def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
+    """Routing replay's third router: verl's Ascend block takes its top-k ids from the record (all-equal rows of no
+    record keep the block's own), in training, and its gate still gets a gradient."""
+    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay_patch
+    from verl_qwen3vl_plugin.registry import install_group
+    from verl_qwen3vl_plugin.replacements.routing_replay import routes
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay import chosen_experts
+
+    install_group([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
+    model = npu_model(npu, "hidden_ne_2i").train()
+    slots = routes.slots(model)
+    assert {type(router) for router in slots} == {npu.npu_block}
+    ids = torch.arange(1, 13).remainder(MOE_TEXT["vocab_size"]).unsqueeze(0)
+    experts, k = MOE_TEXT["num_experts"], MOE_TEXT["num_experts_per_tok"]
+    generator = torch.Generator().manual_seed(4)
+    record = torch.stack([torch.randperm(experts, generator=generator)[:k] for _ in range(12 * len(slots))])
+    record = record.view(12, len(slots), k)
+    record[-1] = 0  # the last token: no record
+    routes.begin(routes.Routes(slots, record))
+    try:
+        with chosen_experts(model) as chosen:
+            model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        routes.begin(None)
+    for layer, calls in enumerate(chosen):
+        assert torch.equal(calls[0][:-1], record[:-1, layer]), layer
+        assert len(set(calls[0][-1].tolist())) == k  # the block's own top-k for the unrecorded token
+    assert all(block.gate.weight.grad.abs().sum() > 0 for block in slots)

@@ -182,3 +182,26 @@ def test_prepare_geo3k_schema_placeholders_and_reward(tmp_path):
         answer = f"<think>the figure shows it</think> The answer is \\boxed{{{truth}}}."
         assert default_compute_score(row["data_source"], answer, truth) == pytest.approx(1.0)
         assert default_compute_score(row["data_source"], "\\boxed{-1}", truth) == pytest.approx(0.0)
+
+
+@needs_fully_async
+@pytest.mark.parametrize("mode", ["R3", "R2"])
+def test_routing_replay_sets_verls_switch_where_this_verl_reads_it(mode):
+    """``ROUTING_REPLAY`` sets verl's own ``router_replay.mode`` on the config the plugin reads on this verl (the
+    legacy actor's on 0.7, the FSDP engine's on >= 0.8), through verl's own dataclass conversion; R3 also asks the
+    rollout for its record."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_qwen3vl_plugin.replacements.routing_replay.routes import mode_of
+
+    c = dry_run("run.sh", ROUTING_REPLAY=mode)
+    actor = omega_conf_to_dataclass(OmegaConf.create(c["actor_rollout_ref"]["actor"]))
+    legacy = importlib.util.find_spec("verl.workers.actor") is not None
+    assert mode_of(actor if legacy else actor.fsdp_config) == mode
+    assert c["actor_rollout_ref"]["rollout"]["enable_rollout_routing_replay"] is (mode == "R3")
+
+
+def test_bad_routing_replay_mode():
+    proc = launch("run.sh", "--dry-run", ROUTING_REPLAY="R4")
+    assert proc.returncode == 2 and "ROUTING_REPLAY must be off, R2 or R3" in proc.stderr, proc.stderr[-2000:]

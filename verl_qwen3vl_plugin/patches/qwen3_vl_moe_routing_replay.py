@@ -40,6 +40,7 @@ NPU_PATCH, NPU_BLOCK = "verl.models.transformers.npu_patch", "NPUQwen3VLMoeTextS
 DP_ACTOR, ACTOR = "verl.workers.actor.dp_actor", "DataParallelPPOActor"
 WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
 ENGINE, ENGINE_BASE, ENGINE_LM = "verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "FSDPEngineWithLMHead"
+ROLLOUT_SETTING = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
 
@@ -159,7 +160,7 @@ def _sets_pad_size(func: ast.FunctionDef) -> bool:
     )
 
 
-def decide_engine(tree: ast.Module) -> Decision:
+def decide_engine(tree: ast.Module | None) -> Decision:
     base, lm = compat.find_class(tree, ENGINE_BASE), compat.find_class(tree, ENGINE_LM)
     batch = compat.find_function(base, "forward_backward_batch")
     inputs = compat.find_function(lm, "prepare_model_inputs")
@@ -182,6 +183,33 @@ def decide_engine(tree: ast.Module) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, "verl's FSDP engine reads router_replay itself: review the plugin's")
     return Decision(
         Verdict.APPLY, "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)"
+    )
+
+
+LEGACY_SWITCH = "actor_rollout_ref.actor.router_replay.mode"
+ENGINE_SWITCH = "+actor_rollout_ref.actor.fsdp_config.router_replay.mode"
+
+
+def availability(verdicts: dict[str, str]) -> str:
+    """Whether routing replay can run on this stack (``verdicts``: target label -> verdict value), how to turn it
+    on, or why it cannot: the doctor's line."""
+    applies = {label for label, verdict in verdicts.items() if verdict == Verdict.APPLY.value}
+    labels = [t.label for t in PATCH.targets]
+    if set(verdicts.values()) == {Verdict.DISABLED.value}:
+        return "not available: the patch is disabled (VERL_QWEN3VL_PLUGIN_DISABLE)"
+    if not applies & set(labels[:3]):
+        return "not available: no Qwen3-VL-MoE router the plugin recognises on this stack"
+    paths = []
+    if {labels[3], labels[4]} <= applies:
+        paths.append(f"verl's legacy FSDP actor: {LEGACY_SWITCH}=R3 (or R2)")
+    if labels[5] in applies:
+        paths.append(f"verl's FSDP engine: {ENGINE_SWITCH}=R3 (or R2)")
+    if not paths:
+        return "not available: neither verl's legacy FSDP actor nor its FSDP engine is recognised on this stack"
+    return (
+        "available (off by default); turn on with "
+        + "; or, on ".join(paths)
+        + f"; R3 also needs {ROLLOUT_SETTING} (vLLM >= 0.22 on verl 0.9.1)"
     )
 
 
@@ -229,7 +257,14 @@ def _no_module(what: str):
     return lambda: Decision(Verdict.NOT_USED, what)
 
 
-LEGACY_GONE = "verl >= 0.8 has no legacy FSDP actor: the FSDP engine target acts"
+def legacy_gone() -> Decision:
+    """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
+    engine = decide_engine(compat.tree(ENGINE))
+    if engine.verdict is not Verdict.APPLY:
+        return Decision(Verdict.UNRECOGNIZED, f"no legacy FSDP actor, and {engine.reason}")
+    return Decision(Verdict.NOT_USED, "no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts")
+
+
 PATCH = Patch(
     name="qwen3_vl_moe_routing_replay",
     group=MODEL,
@@ -241,8 +276,8 @@ PATCH = Patch(
             MODELING, decide_top_k_router, _apply_modeling(ROUTER), _no_module("no Qwen3-VL-MoE"), f"{ROUTER}.forward"
         ),
         Target(NPU_PATCH, decide_npu_block, _apply_npu, _no_module("verl has no npu_patch"), f"{NPU_BLOCK}.forward"),
-        Target(DP_ACTOR, decide_actor, _apply_actor, _no_module(LEGACY_GONE)),
-        Target(WORKERS, decide_worker, _apply_worker, _no_module(LEGACY_GONE), f"{WORKER}.compute_log_prob"),
+        Target(DP_ACTOR, decide_actor, _apply_actor, legacy_gone),
+        Target(WORKERS, decide_worker, _apply_worker, legacy_gone, f"{WORKER}.compute_log_prob"),
         Target(ENGINE, decide_engine, _apply_engine),
     ),
     devices=None,

@@ -18,15 +18,22 @@ from torch import nn
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
 
 
+def dense_routing(block: nn.Module, tokens: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    """A self-routing sparse block's routing of ``tokens``: (router logits, the dense (tokens, experts) matrix of
+    renormalised top-k weights in ``dtype`` (None: the logits'), the top-k ids); the top-k through routing replay's
+    choice."""
+    router_logits = block.gate(tokens)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+    top_weights, router_indices = routes.top_k(block, probs, block.top_k)
+    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(dtype or router_logits.dtype)
+    return router_logits, torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights), router_indices
+
+
 @routes.mark
 def sparse_moe_block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """``NPUQwen3VLMoeTextSparseMoeBlock.forward`` with the dense routing matrix built in every mode."""
+    """``NPUQwen3VLMoeTextSparseMoeBlock.forward`` with the dense routing matrix built in every mode: both expert
+    paths read it (eval multiplies it in, training gathers [token, router_indices])."""
     batch_size = hidden_states.shape[0]
     tokens = hidden_states.reshape(-1, self.hidden_size)
-    router_logits = self.gate(tokens)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-    top_weights, router_indices = routes.top_k(self, probs, self.top_k)
-    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(router_logits.dtype)
-    # Both expert paths read this dense matrix: eval multiplies it in, training gathers [token, router_indices].
-    routing_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)
+    _, routing_weights, router_indices = dense_routing(self, tokens)
     return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), routing_weights, router_indices)

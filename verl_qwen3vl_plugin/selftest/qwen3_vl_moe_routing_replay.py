@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import json
+import os
+import subprocess
+import sys
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -103,11 +106,14 @@ def batch_of(samples=SAMPLES) -> dict:
     return micro_batch(samples)
 
 
-def rollout_stand_in(model: nn.Module, batch: dict, scale: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
-    """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs)."""
-    rollout = perturbed(model, scale)
+def rollout_stand_in(
+    model: nn.Module, batch: dict, scale: float = 0.05, dtype: str = "float32"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs): the model with its weights
+    moved by ``scale``, run under autocast to ``dtype`` (a bf16 rollout engine: ``scale=0, dtype="bfloat16"``)."""
+    rollout = perturbed(model, scale) if scale else model
     with chosen_experts(rollout) as chosen:
-        result = verl_pass(rollout, batch)
+        result = verl_pass(rollout, batch, dtype=dtype)
     record = in_batch_layout([torch.cat(calls) for calls in chosen], batch["attention_mask"]).clamp(min=0)
     record[last_tokens(batch["attention_mask"])] = 0
     return record.to(torch.int16), result["log_probs"]
@@ -130,17 +136,19 @@ def verl_pass(
     train: bool = False,
     sp: int = 1,
     dynamic: bool = False,
+    dtype: str = "float32",
 ) -> dict:
-    """One verl log-prob pass (``train``: the update's forward and backward) with ``router_replay.mode`` = ``mode``:
-    {"log_probs": (bsz, response), "recorded": an R2 pass's routes (bsz, seqlen, layers, top_k) or None}."""
+    """One verl log-prob pass (``train``: the update's forward and backward) with ``router_replay.mode`` = ``mode``,
+    under verl's autocast to ``dtype``: {"log_probs": (bsz, response), "recorded": an R2 pass's routes (bsz, seqlen,
+    layers, top_k) or None, and for ``train`` "gate_grads"}."""
     try:
         from verl.workers.actor import dp_actor  # noqa: F401  (verl 0.7.x)
     except ImportError:
-        return _engine_run(model, batch, mode, record, train, sp, dynamic)
-    return _actor_run(model, batch, mode, record, train, sp, dynamic)
+        return _engine_run(model, batch, mode, record, train, sp, dynamic, dtype)
+    return _actor_run(model, batch, mode, record, train, sp, dynamic, dtype)
 
 
-def _actor_run(model, batch, mode, record, train, sp, dynamic) -> dict:
+def _actor_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
     from tensordict import TensorDict
     from verl import DataProto
     from verl.workers.config.actor import RouterReplayConfig
@@ -158,7 +166,7 @@ def _actor_run(model, batch, mode, record, train, sp, dynamic) -> dict:
     non_tensor = {"multi_modal_inputs": batch["multi_modal_inputs"]}
     config = dict(router_replay=RouterReplayConfig(mode=mode or "disabled"), ppo_mini_batch_size=bsz)
     config.update(ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=96)
-    actor = actor_for(model, sp, **config)
+    actor = actor_for(model, sp, dtype, **config)
     if not train:
         data = DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
         out = actor.compute_log_prob(data, calculate_entropy=False)
@@ -192,12 +200,13 @@ def _in_batch_order(captured: list, batch: dict) -> torch.Tensor:
     return torch.stack([rows[tuple(ids.tolist())] for ids in batch["input_ids"]])
 
 
-def _engine_run(model, batch, mode, record, train, sp, dynamic) -> dict:
+def _engine_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
     from verl.utils import tensordict_utils as tu
 
     from verl_qwen3vl_plugin.selftest.ulysses import engine_batch, engine_for
 
     engine = engine_for(model, sp, router_replay={"mode": mode or "disabled"})
+    engine._autocast_dtype = getattr(torch, dtype)
     data = engine_batch(batch, **({"routed_experts": record} if record is not None else {}))
     settings = dict(use_dynamic_bsz=dynamic, max_token_len_per_gpu=96, micro_batch_size_per_gpu=2)
     for key, value in settings.items():
@@ -277,25 +286,43 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def run() -> list[Check]:
-    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH
-    from verl_qwen3vl_plugin.registry import Verdict
-
-    decisions = [installed_decision(PATCH, t) for t in PATCH.targets]
-    if any(d.verdict is Verdict.UNRECOGNIZED for d in decisions):
-        reason = next(d.reason for d in decisions if d.verdict is Verdict.UNRECOGNIZED)
-        return [Check("routing replay through verl", False, f"unrecognized: {reason}")]
+def checks_here() -> list[Check]:
+    """In a process of its own: verl imported, the model hooks installed, verl's CPU stand-ins, one gloo rank."""
     import socket
 
     import torch.distributed as dist
+    import verl  # noqa: F401
 
+    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.registry import MODEL
     from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
 
+    install(MODEL)
     install_cpu_stand_ins()
-    if not dist.is_initialized():  # verl's actor and engine log and reduce over the default group
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    np.random.seed(0)
+    with socket.socket() as sock:  # verl's actor and engine log and reduce over the default group
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return run_checks()
+
+
+def run() -> list[Check]:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH
+    from verl_qwen3vl_plugin.registry import DISABLE_ENV, Verdict
+
+    unrecognized = [
+        d for d in (installed_decision(PATCH, t) for t in PATCH.targets) if d.verdict is Verdict.UNRECOGNIZED
+    ]
+    if unrecognized:
+        return [Check("routing replay through verl", False, f"unrecognized: {unrecognized[0].reason}")]
+    skip = ("VERL_USE_EXTERNAL_MODULES", DISABLE_ENV)  # the child installs the hooks itself: the patch, not the setup
+    env = {k: v for k, v in os.environ.items() if k not in skip}
+    env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
+    proc = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return [Check("routing replay through verl", False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
+    return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+if __name__ == "__main__":
+    print(json.dumps([list(c) for c in checks_here()]))

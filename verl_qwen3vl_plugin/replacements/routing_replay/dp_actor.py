@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ROLLOUT_SETTING
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 
@@ -51,14 +52,19 @@ _off: weakref.WeakSet = weakref.WeakSet()  # actors in a LoRA reference pass
 
 def _keeping(data, keys: tuple[str, ...]):
     """``data`` (shallow: the same tensors) as a DataProto whose ``select`` also keeps those of ``keys`` it has."""
+    cls = _keeping_class(type(data), keys)
+    return cls(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
 
-    class KeepingRoutes(type(data)):
+
+@functools.cache
+def _keeping_class(base: type, keys: tuple[str, ...]) -> type:
+    class KeepingRoutes(base):
         def select(self, batch_keys=None, *args, **kwargs):
             if batch_keys is not None:
                 batch_keys = [*batch_keys, *(k for k in keys if k in self.batch.keys() and k not in batch_keys)]
             return super().select(batch_keys, *args, **kwargs)
 
-    return KeepingRoutes(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+    return KeepingRoutes
 
 
 def _model(actor):
@@ -87,8 +93,8 @@ def _session(actor, data, phase: str, mode: str) -> _Session:
     return _Session(phase, slots, len(data))
 
 
-ROLLOUT = "the rollout setting " + routes.ROLLOUT_SETTING
-ROLL = f"turn on {routes.ROLLOUT_SETTING} (vLLM returns the routes)"
+ROLLOUT = "the rollout setting " + ROLLOUT_SETTING
+ROLL = f"turn on {ROLLOUT_SETTING} (vLLM returns the routes)"
 
 
 @contextlib.contextmanager

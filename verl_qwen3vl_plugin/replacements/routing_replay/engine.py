@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ROLLOUT_SETTING
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 
@@ -37,14 +38,14 @@ def _check(engine, data, phase: str, mode: str, slots: dict) -> None:
     if phase == RECORD and record is not None:
         raise ReplayError(
             f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's {KEY} "
-            f"({routes.ROLLOUT_SETTING}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the "
+            f"({ROLLOUT_SETTING}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the "
             "rollout's"
         )
     if phase == REPLAY and record is None:
         if mode == "R3":
             raise ReplayError(
                 f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: turn on "
-                f"{routes.ROLLOUT_SETTING} (vLLM returns the routes)"
+                f"{ROLLOUT_SETTING} (vLLM returns the routes)"
             )
         raise ReplayError(
             f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "

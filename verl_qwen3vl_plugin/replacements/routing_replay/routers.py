@@ -46,13 +46,11 @@ def _replay_aware(cls: type, replay: Callable) -> None:
 
 def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers 4.57's sparse block under replay: (experts' output, router logits)."""
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import dense_routing
+
     batch_size = hidden_states.shape[0]
     tokens = hidden_states.reshape(-1, self.hidden_size)
-    router_logits = self.gate(tokens)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-    top_weights, router_indices = routes.top_k(self, probs, self.top_k)
-    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(tokens.dtype)
-    router_weights = torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights)
+    router_logits, router_weights, router_indices = dense_routing(self, tokens, tokens.dtype)
     out = self.experts(tokens.reshape(batch_size, -1, self.hidden_size), router_weights, router_indices)
     return out, router_logits
 

@@ -22,7 +22,6 @@ from torch import nn
 KEY = "routed_experts"  # verl's batch key: (bsz, seqlen, layers, top_k), or nested (bsz, j, layers, top_k)
 RECORD, REPLAY = "record", "replay"
 MODES = ("R2", "R3")
-ROLLOUT_SETTING = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
 ROUTE_DTYPE = torch.int16  # as verl 0.9.1's agent loop stores the rollout's record
 _REPLAY_AWARE = "_verl_qwen3vl_plugin_replay_aware"
 
