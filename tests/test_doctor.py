@@ -36,6 +36,20 @@ EXPECTED_VERDICTS = {
         ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
         {(0, 7, 0): "fixed_upstream", (0, 7, 1): "apply"}.get(VERL.release, "not_used"),
     ),
+    "qwen3_vl_moe_routing_replay": {  # the router of this transformers; the legacy actor on 0.7, the engine on all
+        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextSparseMoeBlock.forward": "apply"
+        if TRANSFORMERS.major < 5
+        else "not_used",
+        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextTopKRouter.forward": "not_used"
+        if TRANSFORMERS.major < 5
+        else "apply",
+        "verl.models.transformers.npu_patch:NPUQwen3VLMoeTextSparseMoeBlock.forward": "apply",
+        **dict.fromkeys(
+            ("verl.workers.actor.dp_actor", "verl.workers.fsdp_workers:ActorRolloutRefWorker.compute_log_prob"),
+            "apply" if VERL.release < (0, 8) else "not_used",
+        ),
+        "verl.workers.engine.fsdp.transformer_impl": "apply",
+    },
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },
@@ -146,7 +160,7 @@ def test_applied_but_not_run_here_says_why(npu):
     "`doctor --selftest` runs on the main stack and the newest",
 )
 def test_says_whether_routing_replay_is_available_and_how(plain_json):
-    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ENGINE_SWITCH, LEGACY_SWITCH
+    from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH
 
     _, report = plain_json
     line = report["routing_replay"]

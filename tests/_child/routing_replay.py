@@ -79,8 +79,31 @@ def single():
     dyn_r3 = replay.verl_pass(model, batch, mode="R3", record=record, dynamic=True)
     out["dynamic_r3_log_prob_diff"] = float((dyn_r3["log_probs"] - r3["log_probs"]).abs().max())
     out["errors"] = bad_inputs(model, batch, record)
+    out["worker_r2_returns_record"] = worker_r2(model, batch, r2["recorded"])
     out["off"] = off_numbers(model, batch)
     return out
+
+
+def worker_r2(model, batch, recorded):
+    """verl 0.7's worker ``compute_log_prob`` (on an object holding what it reads) returns the R2 pass's routes as
+    ``routed_experts``, as its Megatron worker does; None on verl >= 0.8 (no such worker: the engine returns them)."""
+    try:
+        from verl.workers import fsdp_workers
+    except ImportError:
+        return None
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    rollout = dict(log_prob_micro_batch_size_per_gpu=2, log_prob_max_token_len_per_gpu=96, temperature=1.0)
+    worker = SimpleNamespace(
+        _is_actor=True, _is_offload_param=False, world_size=1, ulysses_sharding_manager=nullcontext(),
+        actor=replay.replay_actor(model, "R2", batch["input_ids"].shape[0]), tokenizer=SimpleNamespace(pad_token_id=0),
+        config=OmegaConf.create({"rollout": {**rollout, "log_prob_use_dynamic_bsz": False}}),
+    )  # fmt: skip
+    output = fsdp_workers.ActorRolloutRefWorker.compute_log_prob(worker, replay.actor_data(batch))
+    return bool(torch.equal(output.batch["routed_experts"], recorded))
 
 
 def bad_inputs(model, batch, record):

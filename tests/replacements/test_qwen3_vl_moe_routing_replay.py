@@ -35,6 +35,11 @@ def test_r2_update_replays_its_record_bit_for_bit(single):
     assert single["r2_update_routes_recorded"] and single["r2_update_equals_record_pass"]
 
 
+@pytest.mark.skipif(VERL.release >= (0, 8), reason="verl 0.7's worker; on >= 0.8 the engine returns the routes")
+def test_r2_worker_returns_the_record_as_routed_experts(single):
+    assert single["worker_r2_returns_record"] is True
+
+
 def test_gate_gradient_under_replay_is_the_routing_gradient(single):
     """Replaying the model's own routes: the gate's gradient is upstream's own, and not zero."""
     assert single["gate_grad_nonzero"] and single["gate_grad_max_rel_diff"] < 1e-6

@@ -40,8 +40,11 @@ def test_recording_keeps_the_own_top_k_and_stacks_per_layer():
 
 
 def test_a_layer_that_did_not_route_is_an_error():
+    first = Router()
+    recording = routes.Routes({first: 0, Router(): 1}, None)
+    recording.choose(first, torch.rand(3, 6), 2)
     with pytest.raises(routes.ReplayError, match=r"MoE layers \[1\] did not route"):
-        routes.Routes({Router(): 0, Router(): 1}, None).stacked()
+        recording.stacked()
 
 
 def test_rows_that_do_not_match_the_tokens_are_an_error():

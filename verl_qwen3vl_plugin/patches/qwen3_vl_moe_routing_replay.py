@@ -12,7 +12,7 @@ Targets, each judged by its shape alone (the probes' whole knowledge):
   - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
     ``topk``, returns three values. Not used where the class is absent and the sparse block routes (4.57);
 - router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
-  the experts' output alone returned; not used where verl has no such class;
+  the experts' output alone returned; not used where verl has no ``npu_patch``;
 - verl 0.7's legacy actor, ``dp_actor``: ``DataParallelPPOActor`` with ``_forward_micro_batch(self, micro_batch,
   ...)`` that unpads with ``unpad_input``, pads with ``ulysses_pad`` and gathers with ``gather_outputs_and_unpad``
   and ``pad_input``; ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` that ``select``
@@ -33,6 +33,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
 
 MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
 BLOCK, ROUTER = "Qwen3VLMoeTextSparseMoeBlock", "Qwen3VLMoeTextTopKRouter"
@@ -40,7 +41,6 @@ NPU_PATCH, NPU_BLOCK = "verl.models.transformers.npu_patch", "NPUQwen3VLMoeTextS
 DP_ACTOR, ACTOR = "verl.workers.actor.dp_actor", "DataParallelPPOActor"
 WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
 ENGINE, ENGINE_BASE, ENGINE_LM = "verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "FSDPEngineWithLMHead"
-ROLLOUT_SETTING = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
 
@@ -108,8 +108,6 @@ def decide_top_k_router(tree: ast.Module) -> Decision:
 
 
 def decide_npu_block(tree: ast.Module) -> Decision:
-    if compat.find_class(tree, NPU_BLOCK) is None:
-        return Decision(Verdict.NOT_USED, f"verl's npu_patch has no {NPU_BLOCK}")
     if _routes_itself(_forward(tree, NPU_BLOCK), 1):
         return Decision(Verdict.APPLY, f"{NPU_BLOCK} routes its tokens itself, as transformers 4.57's block")
     return Decision(Verdict.UNRECOGNIZED, f"{NPU_BLOCK}.forward routes in an unknown way")
@@ -184,10 +182,6 @@ def decide_engine(tree: ast.Module | None) -> Decision:
     return Decision(
         Verdict.APPLY, "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)"
     )
-
-
-LEGACY_SWITCH = "actor_rollout_ref.actor.router_replay.mode"
-ENGINE_SWITCH = "+actor_rollout_ref.actor.fsdp_config.router_replay.mode"
 
 
 def availability(verdicts: dict[str, str]) -> str:
@@ -296,7 +290,7 @@ PATCH = Patch(
         "recorded routes as routed_experts."
     ),
     upstream=("verl#5392", "verl#2996", "verl#4443"),
-    remove_when="verl's FSDP engine honours router_replay.mode for qwen3_vl_moe (verl#4443 or a successor) in the "
-    "oldest verl you run.",
+    remove_when="verl's FSDP engine honours `router_replay.mode` for `qwen3_vl_moe` (verl#4443 or a successor) in the "
+    "oldest verl you run, and verl 0.7 is not among them.",
     selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay",
 )

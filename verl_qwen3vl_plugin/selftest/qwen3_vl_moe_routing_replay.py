@@ -24,8 +24,9 @@ from torch import nn
 
 from verl_qwen3vl_plugin.selftest import Check, installed_decision
 
-# Per sample its images as (t, h, w) grids, then text (``ulysses.micro_batch``): left padding, an image-free sample.
-SAMPLES = [[(1, 4, 4)], [(1, 2, 2), (1, 4, 6)], [], [(1, 2, 4)]]
+# Per sample its images as (t, h, w) grids, videos as ("v", t, h, w), then text (``ulysses.micro_batch``): left
+# padding, a sample without vision, a video.
+SAMPLES = [[(1, 4, 4)], [(1, 2, 2), (1, 4, 6)], [], [("v", 2, 2, 4)]]
 TEXT = dict(num_experts=8, num_experts_per_tok=2)  # a real top-k choice in each of the two MoE layers
 INDEX_PARAMETERS = ("router_indices", "top_k_index")  # the experts' ids argument: transformers 4.57, 5.x
 
@@ -148,33 +149,49 @@ def verl_pass(
     return _actor_run(model, batch, mode, record, train, sp, dynamic, dtype)
 
 
-def _actor_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
+def actor_data(batch: dict, record: torch.Tensor | None = None, train: bool = False, dynamic: bool = False):
+    """``batch`` as verl's worker hands it to the actor: a ``DataProto`` with its images, the record and, for an
+    update, old log-probs and seeded advantages."""
     from tensordict import TensorDict
     from verl import DataProto
-    from verl.workers.config.actor import RouterReplayConfig
 
-    from verl_qwen3vl_plugin.replacements.routing_replay.dp_actor import take_recorded
-    from verl_qwen3vl_plugin.selftest.ulysses import actor_for
-
-    bsz = batch["input_ids"].shape[0]
+    bsz, response = batch["responses"].shape
     tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
     tensors["response_mask"] = torch.ones_like(batch["responses"])
     if record is not None:
         tensors["routed_experts"] = record
+    if train:
+        tensors["old_log_probs"] = torch.zeros(bsz, response)
+        tensors["advantages"] = torch.randn(bsz, response, generator=torch.Generator().manual_seed(2))
     meta = {"micro_batch_size": 2, "temperature": 1.0, "use_dynamic_bsz": dynamic, "max_token_len": 96}
     meta["pad_token_id"] = 0
     non_tensor = {"multi_modal_inputs": batch["multi_modal_inputs"]}
+    return DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
+
+
+def replay_actor(
+    model: nn.Module, mode: str | None, bsz: int, sp: int = 1, dynamic: bool = False, dtype: str = "float32"
+):
+    """verl 0.7's ``DataParallelPPOActor`` with ``router_replay.mode`` = ``mode``: one mini-batch of ``bsz``,
+    micro-batches of 2."""
+    from verl.workers.config.actor import RouterReplayConfig
+
+    from verl_qwen3vl_plugin.selftest.ulysses import actor_for
+
     config = dict(router_replay=RouterReplayConfig(mode=mode or "disabled"), ppo_mini_batch_size=bsz)
     config.update(ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=96)
-    actor = actor_for(model, sp, dtype, **config)
+    return actor_for(model, sp, dtype, **config)
+
+
+def _actor_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
+    from verl_qwen3vl_plugin.replacements.routing_replay.dp_actor import take_recorded
+
+    actor = replay_actor(model, mode, batch["input_ids"].shape[0], sp, dynamic, dtype)
+    data = actor_data(batch, record, train, dynamic)
     if not train:
-        data = DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
         out = actor.compute_log_prob(data, calculate_entropy=False)
         log_probs = out["log_probs"] if isinstance(out, dict) else out[0]  # 0.7.0: (log_probs, entropys)
         return {"log_probs": log_probs.detach(), "recorded": take_recorded(actor)}
-    tensors["old_log_probs"] = torch.zeros(bsz, batch["responses"].shape[1])
-    tensors["advantages"] = torch.randn(bsz, batch["responses"].shape[1], generator=torch.Generator().manual_seed(2))
-    data = DataProto(batch=TensorDict(tensors, batch_size=[bsz]), non_tensor_batch=non_tensor, meta_info=meta)
     captured = []
     forward = actor._forward_micro_batch
 

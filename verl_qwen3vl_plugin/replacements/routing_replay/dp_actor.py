@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 import torch
 
-from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ROLLOUT_SETTING
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 
@@ -67,34 +66,15 @@ def _keeping_class(base: type, keys: tuple[str, ...]) -> type:
     return KeepingRoutes
 
 
-def _model(actor):
-    return actor.actor_module
-
-
 def _session(actor, data, phase: str, mode: str) -> _Session:
     if getattr(actor, "use_prefix_grouper", False):
         raise ReplayError("routing replay does not support the prefix grouper (actor.use_prefix_grouper=False)")
-    slots = routes.slots(_model(actor))
+    slots = routes.slots(actor.actor_module)
     record = data.batch.get(KEY, None) if data.batch is not None else None
-    if phase == RECORD and record is not None:
-        raise ReplayError(
-            f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's "
-            f"{KEY} ({ROLLOUT}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the rollout's"
-        )
-    if phase == REPLAY and record is None:
-        if mode == "R3":
-            raise ReplayError(f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: {ROLL}")
-        raise ReplayError(
-            f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "
-            "the update needs that pass (it is skipped in rollout_correction.bypass_mode)"
-        )
+    routes.check_present(phase, mode, record is not None)
     if record is not None:
         routes.check_record(record, tuple(data.batch["input_ids"].shape), slots, f"the batch's {KEY}")
     return _Session(phase, slots, len(data))
-
-
-ROLLOUT = "the rollout setting " + ROLLOUT_SETTING
-ROLL = f"turn on {ROLLOUT_SETTING} (vLLM returns the routes)"
 
 
 @contextlib.contextmanager

@@ -22,35 +22,15 @@ from collections.abc import Callable
 
 import torch
 
-from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import ROLLOUT_SETTING
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 
 _sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (phase, slots)
 
 
-def _module(engine):
-    return engine.module
-
-
-def _check(engine, data, phase: str, mode: str, slots: dict) -> None:
+def _check(data, phase: str, mode: str, slots: dict) -> None:
     record = data.get(KEY, None)
-    if phase == RECORD and record is not None:
-        raise ReplayError(
-            f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's {KEY} "
-            f"({ROLLOUT_SETTING}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the "
-            "rollout's"
-        )
-    if phase == REPLAY and record is None:
-        if mode == "R3":
-            raise ReplayError(
-                f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: turn on "
-                f"{ROLLOUT_SETTING} (vLLM returns the routes)"
-            )
-        raise ReplayError(
-            f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "
-            "the update needs that pass (it is skipped in rollout_correction.bypass_mode)"
-        )
+    routes.check_present(phase, mode, record is not None)
     if record is not None:
         ids = data["input_ids"]
         if not (record.is_nested and ids.is_nested):
@@ -68,8 +48,8 @@ def forward_backward_batch(original: Callable) -> Callable:
         if mode is None:
             return original(self, data, loss_function, forward_only)
         phase = RECORD if mode == "R2" and forward_only else REPLAY
-        slots = routes.slots(_module(self))
-        _check(self, data, phase, mode, slots)
+        slots = routes.slots(self.module)
+        _check(data, phase, mode, slots)
         _sessions[self] = (phase, slots)
         try:
             return original(self, data, loss_function, forward_only)

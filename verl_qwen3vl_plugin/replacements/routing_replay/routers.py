@@ -22,14 +22,6 @@ from torch import nn
 
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
 
-ROUTER_CLASSES: tuple[type, ...] = ()  # the classes the patch made replay-aware, in this process
-
-
-def _register(cls: type) -> None:
-    global ROUTER_CLASSES
-    if cls not in ROUTER_CLASSES:
-        ROUTER_CLASSES = (*ROUTER_CLASSES, cls)
-
 
 def _replay_aware(cls: type, replay: Callable) -> None:
     upstream = cls.forward
@@ -41,7 +33,7 @@ def _replay_aware(cls: type, replay: Callable) -> None:
         return replay(self, hidden_states)
 
     cls.forward = routes.mark(forward)
-    _register(cls)
+    routes.register_router(cls)
 
 
 def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-KEY = "routed_experts"  # verl's batch key: (bsz, seqlen, layers, top_k), or nested (bsz, j, layers, top_k)
+from verl_qwen3vl_plugin.replacements.routing_replay.settings import KEY, ROLLOUT_SETTING
+
 RECORD, REPLAY = "record", "replay"
 MODES = ("R2", "R3")
 ROUTE_DTYPE = torch.int16  # as verl 0.9.1's agent loop stores the rollout's record
@@ -99,6 +100,15 @@ def mark(forward):
     return forward
 
 
+_router_classes: tuple[type, ...] = ()  # the classes the patch made replay-aware, in this process
+
+
+def register_router(cls: type) -> None:
+    global _router_classes
+    if cls not in _router_classes:
+        _router_classes = (*_router_classes, cls)
+
+
 def slots(model: nn.Module) -> dict[nn.Module, int]:
     """The model's routers, in layer order, each with its MoE layer ordinal; cached per model.
 
@@ -109,9 +119,7 @@ def slots(model: nn.Module) -> dict[nn.Module, int]:
     found = _slots.get(model)
     if found is not None:
         return found
-    from verl_qwen3vl_plugin.replacements.routing_replay.routers import ROUTER_CLASSES
-
-    routers = [m for m in model.modules() if isinstance(m, ROUTER_CLASSES)]
+    routers = [m for m in model.modules() if isinstance(m, _router_classes)]
     replaced = sorted({type(m).__qualname__ for m in routers if not getattr(type(m).forward, _REPLAY_AWARE, False)})
     if replaced:
         raise ReplayError(
@@ -148,6 +156,26 @@ def _field(config, name: str):
         return config.get(name)  # OmegaConf DictConfig and verl's BaseConfig
     except AttributeError:
         return getattr(config, name, None)
+
+
+def check_present(phase: str, mode: str, present: bool) -> None:
+    """The batch holds a record exactly where the phase needs one: replay reads it; R2's recording pass must not
+    find the rollout's (R2 and R3 at once)."""
+    if phase == RECORD and present:
+        raise ReplayError(
+            f"router_replay.mode=R2 records the actor's own routes, but the batch already holds the rollout's {KEY} "
+            f"({ROLLOUT_SETTING}): R2 and R3 cannot both be on; set router_replay.mode=R3 to replay the rollout's"
+        )
+    if phase == REPLAY and not present and mode == "R3":
+        raise ReplayError(
+            f"router_replay.mode=R3 replays the rollout's routes, but the batch has no {KEY}: turn on "
+            f"{ROLLOUT_SETTING} (vLLM returns the routes)"
+        )
+    if phase == REPLAY and not present:
+        raise ReplayError(
+            f"router_replay.mode=R2 replays the routes the old-log-prob pass recorded, but the batch has no {KEY}: "
+            "the update needs that pass (it is skipped in rollout_correction.bypass_mode)"
+        )
 
 
 def check_record(record: torch.Tensor, tokens: tuple[int, ...], routers: Mapping[nn.Module, int], what: str) -> None:
