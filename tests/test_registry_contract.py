@@ -126,5 +126,6 @@ def test_each_upstream_module_is_parsed_once_per_process(monkeypatch):
             patch_verdicts({"cuda": False, "npu": False}, frozenset())
     finally:
         compat.installed.cache_clear()
-    assert len(texts) >= len({t.module for p in PATCHES for t in p.targets})
+    present = {t.module for p in PATCHES for t in p.targets if compat.module_path(t.module) is not None}
+    assert len(texts) >= len(present)
     assert len(texts) == len(set(texts))

@@ -19,7 +19,7 @@ from verl_qwen3vl_plugin.selftest import qwen3_vl_moe_routing_replay as replay
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins, shard
 
-SMALL = 0.01  # the rollout stand-in's weight perturbation: routing flips dominate its log-prob error
+SMALL = 0.1  # the rollout stand-in's router-weight perturbation: a few routing flips per layer
 
 
 def train_grads(model, batch, **kwargs):

@@ -271,3 +271,20 @@ def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
         assert torch.equal(calls[0][:-1], record[:-1, layer]), layer
         assert len(set(calls[0][-1].tolist())) == k  # the block's own top-k for the unrecorded token
     assert all(block.gate.weight.grad.abs().sum() > 0 for block in slots)
+    # Replaying the block's own routes gives its own numbers: the experts get the weights in the form they read.
+    model.zero_grad()
+    with chosen_experts(model) as own:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    routes.begin(routes.Routes(slots, torch.stack([calls[0] for calls in own], dim=1)))
+    try:
+        replayed = model(input_ids=ids, labels=ids).loss
+        replayed.backward()
+    finally:
+        routes.begin(None)
+    torch.testing.assert_close(replayed, loss, rtol=0, atol=0)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, grads[name], rtol=1e-6, atol=1e-7, msg=name)

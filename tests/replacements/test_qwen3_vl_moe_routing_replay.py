@@ -54,6 +54,9 @@ def test_dynamic_batches_keep_routes_in_batch_order(single):
     assert single["dynamic_r2_record_same"] and single["dynamic_r3_log_prob_diff"] < 1e-5
 
 
+CASTS_RECORD = (0, 8) <= VERL.release < (0, 9, 1)  # verl's left_right_2_no_padding casts it to uint8 first
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
@@ -72,6 +75,8 @@ def test_dynamic_batches_keep_routes_in_batch_order(single):
     ],
 )
 def test_bad_input_raises_its_error(single, case, message):
+    if case == "float_record" and CASTS_RECORD:
+        pytest.skip("this verl's trainer casts the record to uint8 before the engine sees it")
     assert single["errors"][case] is not None and message in single["errors"][case], single["errors"][case]
 
 

@@ -73,6 +73,9 @@ def _unpermutes_with_top_k(experts_forward: ast.FunctionDef) -> bool:
     )
 
 
+TOP_K_EXPERTS = f"{EXPERTS} takes the top-k weights directly in training (0.7.0)"
+
+
 def decide(tree: ast.Module) -> Decision:
     block = compat.find_function(compat.find_class(tree, BLOCK), "forward")
     experts = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
@@ -87,7 +90,7 @@ def decide(tree: ast.Module) -> Decision:
         if reads and not unpermutes:
             return Decision(Verdict.APPLY, f"{BLOCK}.forward scatters routing weights only in eval; fixed to always")
         if unpermutes and not reads:
-            return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} takes the top-k weights directly in training (0.7.0)")
+            return Decision(Verdict.FIXED_UPSTREAM, TOP_K_EXPERTS)
     return Decision(Verdict.UNRECOGNIZED, f"{BLOCK} and {EXPERTS} match no known verl release's routing")
 
 

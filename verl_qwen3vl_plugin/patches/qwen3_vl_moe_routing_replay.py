@@ -12,7 +12,9 @@ Targets, each judged by its shape alone (the probes' whole knowledge):
   - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
     ``topk``, returns three values. Not used where the class is absent and the sparse block routes (4.57);
 - router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
-  the experts' output alone returned; not used where verl has no ``npu_patch``;
+  the experts' output alone returned, its routing and experts one of ``npu_qwen3_vl_moe_routing``'s known shapes
+  (0.7.0's experts read top-k weights in training: replay hands them those); not used where verl has no
+  ``npu_patch``;
 - verl 0.7's legacy actor, ``dp_actor``: ``DataParallelPPOActor`` with ``_forward_micro_batch(self, micro_batch,
   ...)`` that unpads with ``unpad_input``, pads with ``ulysses_pad`` and gathers with ``gather_outputs_and_unpad``
   and ``pad_input``; ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` that ``select``
@@ -108,9 +110,16 @@ def decide_top_k_router(tree: ast.Module) -> Decision:
 
 
 def decide_npu_block(tree: ast.Module) -> Decision:
-    if _routes_itself(_forward(tree, NPU_BLOCK), 1):
-        return Decision(Verdict.APPLY, f"{NPU_BLOCK} routes its tokens itself, as transformers 4.57's block")
-    return Decision(Verdict.UNRECOGNIZED, f"{NPU_BLOCK}.forward routes in an unknown way")
+    """verl's block routes itself, and its routing and experts are one of the known releases' (the routing patch's
+    probe): replay hands its experts the weights in the form they read, dense or top-k (0.7.0's training path)."""
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
+
+    known = routing.decide(tree)
+    if known.verdict is Verdict.UNRECOGNIZED:
+        return known
+    if not _routes_itself(_forward(tree, NPU_BLOCK), 1):
+        return Decision(Verdict.UNRECOGNIZED, f"{NPU_BLOCK}.forward routes in an unknown way")
+    return Decision(Verdict.APPLY, f"{NPU_BLOCK} routes its tokens itself ({known.reason})")
 
 
 def _no_upstream_replay(*classes: ast.ClassDef) -> bool:
@@ -217,9 +226,12 @@ def _apply_modeling(cls_name: str):
 
 
 def _apply_npu(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
     from verl_qwen3vl_plugin.replacements.routing_replay import routers
 
-    routers.patch_npu_block(module)
+    routers.patch_npu_block(
+        module, top_k_in_training=routing.decide(compat.tree(NPU_PATCH)).reason == routing.TOP_K_EXPERTS
+    )
 
 
 def _apply_actor(module: ModuleType) -> None:

@@ -28,6 +28,7 @@ from verl_qwen3vl_plugin.selftest import Check, installed_decision
 # padding, a sample without vision, a video.
 SAMPLES = [[(1, 4, 4)], [(1, 2, 2), (1, 4, 6)], [], [("v", 2, 2, 4)]]
 TEXT = dict(num_experts=8, num_experts_per_tok=2)  # a real top-k choice in each of the two MoE layers
+GATES = ".mlp.gate.weight"  # the routers' weights (a Linear's on transformers 4.57, the top-k router's on 5.x)
 INDEX_PARAMETERS = ("router_indices", "top_k_index")  # the experts' ids argument: transformers 4.57, 5.x
 
 
@@ -58,7 +59,7 @@ def gate_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     """The routers' weight gradients (full tensors under FSDP2)."""
     grads = {}
     for name, p in model.named_parameters():
-        if ".mlp.gate" in name and p.grad is not None:
+        if name.endswith(GATES) and p.grad is not None:
             grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             grads[name] = grad.detach().clone()
     return grads
@@ -91,13 +92,16 @@ def build() -> nn.Module:
     return model
 
 
-def perturbed(model: nn.Module, scale: float, seed: int = 7) -> nn.Module:
-    """A copy whose every weight is moved by ``scale`` of its own size: the rollout engine's other numerics."""
+def perturbed(model: nn.Module, scale: float, only: str = "", seed: int = 7) -> nn.Module:
+    """A copy whose weights (those whose name holds ``only``) are moved by ``scale`` of their own size: the rollout
+    engine's other numerics."""
     other = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * p.abs().mean() * scale)
+        for name, p in other.named_parameters():
+            noise = torch.randn(p.shape, generator=generator) * p.abs().mean() * scale
+            if only in name:
+                p.add_(noise)
     return other
 
 
@@ -108,11 +112,12 @@ def batch_of(samples=SAMPLES) -> dict:
 
 
 def rollout_stand_in(
-    model: nn.Module, batch: dict, scale: float = 0.05, dtype: str = "float32"
+    model: nn.Module, batch: dict, scale: float = 0.05, dtype: str = "float32", only: str = GATES
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs): the model with its weights
-    moved by ``scale``, run under autocast to ``dtype`` (a bf16 rollout engine: ``scale=0, dtype="bfloat16"``)."""
-    rollout = perturbed(model, scale) if scale else model
+    """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs): the model with its
+    weights (by default the routers') moved by ``scale``, run under autocast to ``dtype`` (a bf16 rollout engine:
+    ``scale=0, dtype="bfloat16"``). Perturbing only the routers makes routing the one source of mismatch."""
+    rollout = perturbed(model, scale, only) if scale else model
     with chosen_experts(rollout) as chosen:
         result = verl_pass(rollout, batch, dtype=dtype)
     record = in_batch_layout([torch.cat(calls) for calls in chosen], batch["attention_mask"]).clamp(min=0)

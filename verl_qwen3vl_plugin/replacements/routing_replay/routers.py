@@ -8,7 +8,7 @@ choosing the experts:
 - transformers 5's ``Qwen3VLMoeTextTopKRouter``: (logits, top-k weights, top-k ids);
 - verl's Ascend ``NPUQwen3VLMoeTextSparseMoeBlock``: the plugin's routing fix (``npu_qwen3_vl_moe_routing``), whose
   top-k already goes through ``routes.top_k``; in training and eval alike, so replay never runs verl 0.7.1's
-  mis-weighted training routing.
+  mis-weighted training routing. verl 0.7.0's experts read top-k weights in training: they get those.
 """
 
 from __future__ import annotations
@@ -64,7 +64,20 @@ def patch_top_k_router(module) -> None:
     _replay_aware(module.Qwen3VLMoeTextTopKRouter, top_k_router_replay)
 
 
-def patch_npu_block(module) -> None:
+def npu_top_k_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """verl 0.7.0's Ascend block under replay: its experts read the top-k weights in training, the dense matrix in
+    eval, as its own forward hands them."""
+    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import dense_routing
+
+    batch_size = hidden_states.shape[0]
+    tokens = hidden_states.reshape(-1, self.hidden_size)
+    _, dense, router_indices = dense_routing(self, tokens)
+    weights = dense.gather(1, router_indices) if self.training else dense
+    return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), weights, router_indices)
+
+
+def patch_npu_block(module, top_k_in_training: bool) -> None:
     from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import sparse_moe_block_forward
 
-    _replay_aware(module.NPUQwen3VLMoeTextSparseMoeBlock, sparse_moe_block_forward)
+    replay = npu_top_k_block_replay if top_k_in_training else sparse_moe_block_forward
+    _replay_aware(module.NPUQwen3VLMoeTextSparseMoeBlock, replay)
