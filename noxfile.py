@@ -119,3 +119,12 @@ def bench_end_to_end(session: nox.Session) -> None:
     SP = 2 on two gloo ranks, plugin on against off."""
     session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
     session.run("python", "benchmarks/end_to_end.py", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("stack", [MAIN_STACK, "verl0.9.1-tf5.10.4"])
+def bench_routing_replay(session: nox.Session, stack: str) -> None:
+    """CPU benchmark of routing replay (docs/performance.md): the train / rollout mismatch with and without R3, and
+    R3's overhead on one update; verl 0.7.1's legacy actor and verl 0.9.1's FSDP engine."""
+    session.install(TORCH, *STACKS[stack], "-e", ".[test]")
+    session.run("python", "benchmarks/routing_replay.py", *session.posargs)

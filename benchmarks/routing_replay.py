@@ -1,15 +1,17 @@
 """Benchmark: what routing replay does to the train / rollout mismatch, and what it costs.
 
 A Qwen3-VL-MoE large enough for routing to matter (64 experts, top 8, 4 MoE layers; a 2-block tower) runs through
-verl's own code on the CPU (verl 0.7's ``DataParallelPPOActor``, or verl >= 0.8's FSDP engine; the stand-ins of
-``verl_qwen3vl_plugin.selftest.ulysses``). The rollout stand-in is the same weights run under verl's bf16 autocast,
-its experts packed as verl's agent loop packs vLLM's record; the trainer runs in fp32 with replay off, then R3.
+verl's own code on the CPU (verl 0.7's ``DataParallelPPOActor``, or verl >= 0.8's FSDP engine; one thread; the
+stand-ins of ``verl_qwen3vl_plugin.selftest.ulysses``). The rollout stand-in's experts are packed as verl's agent
+loop packs vLLM's record; the trainer runs in fp32 with replay off, then R3.
 
 Mismatch: the fraction of recorded tokens routed to a different expert set in at least one layer, and the mean /
-max |trainer log p - rollout log p| over response tokens. Overhead: one update forward + backward (``update_policy``
-or ``forward_backward_batch``), replay off and R3 alternating, medians of ``--repeats``; the ratio is R3 / off.
+max |trainer log p - rollout log p| over response tokens; for a stand-in holding the weights in bf16 (as FSDP mixed
+precision does), and for an fp32 one whose routers' weights are moved by 10% of their size (routing the only source
+of mismatch). Overhead: one update forward + backward (``update_policy`` or ``forward_backward_batch``), replay off
+and R3 alternating (ABBA), medians of ``--repeats``; the ratio is R3 / off.
 
-    python benchmarks/routing_replay.py [--samples 16] [--repeats 7]
+    python benchmarks/routing_replay.py [--samples 32] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ GRIDS = [(1, 8, 8), (1, 4, 6), (1, 6, 4), (1, 4, 4)]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     import verl  # noqa: F401  (the plugin activates here)
     from verl.models.transformers.monkey_patch import apply_monkey_patch
@@ -44,24 +46,28 @@ def main() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     model = build_model("moe", text=TEXT, **TOWER)
     apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=False)
     batch = replay.batch_of([[GRIDS[i % len(GRIDS)]] for i in range(args.samples)])
     mask = batch["attention_mask"]
-    record, rollout_lp = replay.rollout_stand_in(model, batch, scale=0, dtype="bfloat16")
-    rows = []
-    for name, mode in (("off", None), ("R3", "R3")):
-        result, chosen = replay.routes_of(model, batch, mode=mode, record=record if mode else None)
-        delta = (result["log_probs"] - rollout_lp).abs()
-        rows.append((name, replay.mismatch(chosen, record, mask), float(delta.mean()), float(delta.max())))
-    print(f"verl {verl.__version__}: {args.samples} samples, {int(mask.sum())} tokens, rollout bf16, trainer fp32")
-    print(f"{'replay':8} {'tokens routed unlike the rollout':>34} {'mean |dlogp|':>14} {'max |dlogp|':>13}")
-    for name, frac, mean, worst in rows:
-        print(f"{name:8} {frac:>33.1%} {mean:>14.3e} {worst:>13.3e}")
-    times = {"off": [], "R3": []}
-    for _ in range(args.repeats + 1):  # the first of each: warm-up
+    print(f"verl {verl.__version__}: {args.samples} samples, {int(mask.sum())} tokens, trainer fp32")
+    print(
+        f"{'rollout stand-in':28} {'replay':6} {'routed unlike the rollout':>26} {'mean |dlogp|':>13} {'max |dlogp|':>12}"
+    )
+    stand_ins = {"bf16 weights": dict(scale=0, dtype="bfloat16"), "fp32, routers moved 10%": dict(scale=0.1)}
+    for label, how in stand_ins.items():
+        record, rollout_lp = replay.rollout_stand_in(model, batch, **how)
         for name, mode in (("off", None), ("R3", "R3")):
+            result, chosen = replay.routes_of(model, batch, mode=mode, record=record if mode else None)
+            delta = (result["log_probs"] - rollout_lp).abs()
+            frac = replay.mismatch(chosen, record, mask)
+            print(f"{label:28} {name:6} {frac:>26.1%} {float(delta.mean()):>13.3e} {float(delta.max()):>12.3e}")
+    record, _ = replay.rollout_stand_in(model, batch, scale=0, dtype="bfloat16")
+    times = {"off": [], "R3": []}
+    modes = [("off", None), ("R3", "R3")]
+    for repeat in range(args.repeats + 1):  # the first of each: warm-up; the order alternates (ABBA)
+        for name, mode in modes if repeat % 2 else modes[::-1]:
             start = time.perf_counter()
             replay.verl_pass(model, batch, mode=mode, record=record if mode else None, train=True)
             times[name].append(time.perf_counter() - start)

@@ -115,11 +115,14 @@ def rollout_stand_in(
     model: nn.Module, batch: dict, scale: float = 0.05, dtype: str = "float32", only: str = GATES
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(routed_experts as verl's agent loop packs them, the stand-in's response log-probs): the model with its
-    weights (by default the routers') moved by ``scale``, run under autocast to ``dtype`` (a bf16 rollout engine:
-    ``scale=0, dtype="bfloat16"``). Perturbing only the routers makes routing the one source of mismatch."""
-    rollout = perturbed(model, scale, only) if scale else model
+    weights (by default the routers') moved by ``scale``, held and run in ``dtype`` (a bf16 rollout engine:
+    ``scale=0, dtype="bfloat16"``, as FSDP mixed precision holds it). Perturbing only the routers makes routing the
+    one source of mismatch."""
+    rollout = perturbed(model, scale, only) if scale else copy.deepcopy(model)
+    rollout = rollout.to(getattr(torch, dtype))
     with chosen_experts(rollout) as chosen:
         result = verl_pass(rollout, batch, dtype=dtype)
+    result["log_probs"] = result["log_probs"].float()
     record = in_batch_layout([torch.cat(calls) for calls in chosen], batch["attention_mask"]).clamp(min=0)
     record[last_tokens(batch["attention_mask"])] = 0
     return record.to(torch.int16), result["log_probs"]
