@@ -52,9 +52,8 @@ def main() -> None:
     batch = replay.batch_of([[GRIDS[i % len(GRIDS)]] for i in range(args.samples)])
     mask = batch["attention_mask"]
     print(f"verl {verl.__version__}: {args.samples} samples, {int(mask.sum())} tokens, trainer fp32")
-    print(
-        f"{'rollout stand-in':28} {'replay':6} {'routed unlike the rollout':>26} {'mean |dlogp|':>13} {'max |dlogp|':>12}"
-    )
+    header = f"{'rollout stand-in':28} {'replay':6} {'routed unlike the rollout':>26}"
+    print(f"{header} {'mean |dlogp|':>13} {'max |dlogp|':>12}")
     stand_ins = {"bf16 weights": dict(scale=0, dtype="bfloat16"), "fp32, routers moved 10%": dict(scale=0.1)}
     for label, how in stand_ins.items():
         record, rollout_lp = replay.rollout_stand_in(model, batch, **how)

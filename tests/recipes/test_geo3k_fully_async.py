@@ -185,8 +185,7 @@ def test_prepare_geo3k_schema_placeholders_and_reward(tmp_path):
 
 
 @needs_fully_async
-@pytest.mark.parametrize("mode", ["R3", "R2"])
-def test_routing_replay_sets_verls_switch_where_this_verl_reads_it(mode):
+def test_routing_replay_sets_verls_switch_where_this_verl_reads_it(mode="R3"):
     """``ROUTING_REPLAY`` sets verl's own ``router_replay.mode`` on the config the plugin reads on this verl (the
     legacy actor's on 0.7, the FSDP engine's on >= 0.8), through verl's own dataclass conversion; R3 also asks the
     rollout for its record."""
@@ -199,7 +198,7 @@ def test_routing_replay_sets_verls_switch_where_this_verl_reads_it(mode):
     actor = omega_conf_to_dataclass(OmegaConf.create(c["actor_rollout_ref"]["actor"]))
     legacy = importlib.util.find_spec("verl.workers.actor") is not None
     assert mode_of(actor if legacy else actor.fsdp_config) == mode
-    assert c["actor_rollout_ref"]["rollout"]["enable_rollout_routing_replay"] is (mode == "R3")
+    assert c["actor_rollout_ref"]["rollout"]["enable_rollout_routing_replay"] is True
 
 
 def test_bad_routing_replay_mode():
