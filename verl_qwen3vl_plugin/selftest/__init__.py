@@ -29,6 +29,23 @@ def installed_decision(patch: Patch, target: Target) -> Decision:
     return decide(patch, target, installed(target.module), frozenset())
 
 
+def in_child(module: str, name: str, drop: tuple[str, ...] = ()) -> list[Check]:
+    """``python -m module``'s checks (it prints them as one JSON list), for checks that rewire upstream modules for
+    the rest of their process. The child installs the hooks itself: no plugin switch, nor the names in ``drop``,
+    reaches it. A child that fails is one failed check named ``name``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", *drop)}
+    env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
+    proc = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return [Check(name, False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
+    return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
 def run() -> list[Check]:
     """Every patch's checks, in registry order."""
     from verl_qwen3vl_plugin.patches import PATCHES

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
-import sys
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check, installed_decision
+from verl_qwen3vl_plugin.selftest import Check, in_child, installed_decision
 from verl_qwen3vl_plugin.selftest.moe_blocks import BlockRun
 
 TOLERANCE = 1e-5  # absolute and relative, per tensor: outputs, input gradients, parameter gradients
@@ -127,13 +124,7 @@ def checks_here() -> list[Check]:
 
 
 def run() -> list[Check]:
-    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
-    # The child installs the hooks itself, after keeping verl's own functions.
-    env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
-    proc = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        return [Check("npu checks", False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
-    return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return in_child(__name__, "npu checks")  # the child keeps verl's own functions before it installs the hooks
 
 
 if __name__ == "__main__":

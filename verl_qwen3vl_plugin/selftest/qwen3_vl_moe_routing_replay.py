@@ -15,14 +15,11 @@ import contextlib
 import copy
 import inspect
 import json
-import os
-import subprocess
-import sys
 
 import torch
 from torch import nn
 
-from verl_qwen3vl_plugin.selftest import Check, installed_decision
+from verl_qwen3vl_plugin.selftest import Check, in_child, installed_decision
 
 # Per sample its images as (t, h, w) grids, videos as ("v", t, h, w), then text (``ulysses.micro_batch``): left
 # padding, a sample without vision, a video.
@@ -340,13 +337,7 @@ def run() -> list[Check]:
     ]
     if unrecognized:
         return [Check("routing replay through verl", False, f"unrecognized: {unrecognized[0].reason}")]
-    skip = ("VERL_USE_EXTERNAL_MODULES", DISABLE_ENV)  # the child installs the hooks itself: the patch, not the setup
-    env = {k: v for k, v in os.environ.items() if k not in skip}
-    env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
-    proc = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        return [Check("routing replay through verl", False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
-    return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return in_child(__name__, "routing replay through verl", drop=(DISABLE_ENV,))  # the patch, not the user's setup
 
 
 if __name__ == "__main__":
