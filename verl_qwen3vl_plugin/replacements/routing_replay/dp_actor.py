@@ -140,13 +140,9 @@ def forward_micro_batch(original: Callable) -> Callable:
     return wrapper
 
 
-def _sp(actor) -> int:
-    return actor.ulysses_sequence_parallel_size if actor.use_ulysses_sp else 1
-
-
 def _decoder_order(actor, record: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     """The record's rows as the decoder's tokens, before Ulysses padding and slicing: (rows, (pad, sp))."""
-    sp = _sp(actor)
+    sp = layout.sp_size(actor)
     if not actor.use_remove_padding:
         return record.flatten(0, 1), (0, 1)
     if not mask.any():  # verl runs sp dummy tokens
@@ -166,7 +162,7 @@ def _batch_order(actor, local: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
         return local.reshape(bsz, seqlen, *local.shape[1:])
     from verl.utils.attention_utils import pad_input, unpad_input
 
-    sp = _sp(actor)
+    sp = layout.sp_size(actor)
     indices = unpad_input(mask.unsqueeze(-1), mask)[1]
     packed = indices.numel() if indices.numel() else sp  # verl runs sp dummy tokens for an empty micro-batch
     rows = layout.gathered_rows(local, -packed % sp, sp)

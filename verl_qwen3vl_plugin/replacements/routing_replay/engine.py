@@ -60,10 +60,6 @@ def forward_backward_batch(original: Callable) -> Callable:
     return wrapper
 
 
-def _sp(engine) -> int:
-    return engine.ulysses_sequence_parallel_size if engine.use_ulysses_sp else 1
-
-
 def prepare_model_inputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, micro_batch):
@@ -77,7 +73,9 @@ def prepare_model_inputs(original: Callable) -> Callable:
             phase, slots = session
             targets = None
             if phase == REPLAY:
-                targets = layout.decoder_rows(micro_batch[KEY].values(), output_args.get("pad_size", 0), _sp(self))
+                targets = layout.decoder_rows(
+                    micro_batch[KEY].values(), output_args.get("pad_size", 0), layout.sp_size(self)
+                )
             routes.begin(routes.Routes(slots, targets))  # current until the next micro-batch: its backward reads it
         return model_inputs, output_args
 
@@ -91,7 +89,9 @@ def prepare_model_outputs(original: Callable) -> Callable:
         session = _sessions.get(self)
         if session is not None and session[0] == RECORD:
             ids = micro_batch["input_ids"]
-            rows = layout.gathered_rows(routes.current().stacked(), output_args.get("pad_size", 0), _sp(self))
+            rows = layout.gathered_rows(
+                routes.current().stacked(), output_args.get("pad_size", 0), layout.sp_size(self)
+            )
             model_output[KEY] = torch.nested.nested_tensor_from_jagged(rows, offsets=ids.offsets())
         return model_output
 

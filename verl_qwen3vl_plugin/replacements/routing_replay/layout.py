@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 
 
+def sp_size(owner) -> int:
+    """The Ulysses size of verl's actor or engine (both hold the same two attributes)."""
+    return owner.ulysses_sequence_parallel_size if owner.use_ulysses_sp else 1
+
+
 def decoder_rows(rows: torch.Tensor, pad: int, sp: int) -> torch.Tensor:
     """``rows`` (packed tokens, layers, top_k) with ``pad`` rows of no record, then this rank's Ulysses chunk."""
     if pad:
