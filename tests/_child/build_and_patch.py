@@ -1,6 +1,8 @@
-"""Build tiny Qwen3-VL and Qwen3-VL-MoE models through verl's own ``apply_monkey_patch`` and run their vision towers;
-prints whether the plugin's interpolation is the one in effect, and the statuses."""
+"""Build tiny Qwen3-VL and Qwen3-VL-MoE models (and Qwen3.5, Qwen3.5-MoE where transformers has them) through verl's
+own ``apply_monkey_patch`` and run their vision towers; prints whether the plugin's interpolation is the one in
+effect, and the statuses."""
 
+import importlib.util
 import json
 
 import torch
@@ -9,11 +11,14 @@ from verl.models.transformers.monkey_patch import apply_monkey_patch
 
 import verl_qwen3vl_plugin as plugin
 from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values, tiny_qwen3_vl, tiny_qwen3_vl_moe
+from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values, tiny_qwen3_5, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
 result = {}
 grid = torch.tensor([[1, 4, 6], [2, 8, 4]])
-for name, build in {"dense": tiny_qwen3_vl, "moe": tiny_qwen3_vl_moe}.items():
+builds = {"dense": tiny_qwen3_vl, "moe": tiny_qwen3_vl_moe}
+if importlib.util.find_spec("transformers.models.qwen3_5") is not None:  # transformers >= 5.2
+    builds.update(qwen3_5=tiny_qwen3_5, qwen3_5_moe=lambda: tiny_qwen3_5(moe=True))
+for name, build in builds.items():
     model = build()
     apply_monkey_patch(model, use_remove_padding=False)
     visual = model.model.visual

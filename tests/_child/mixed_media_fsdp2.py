@@ -1,6 +1,6 @@
 """Two FSDP2 ranks (gloo) holding different media run verl's own log-prob forward and its backward.
 
-    mixed_media_fsdp2.py dense|moe CASE[,CASE...] fsdp|alone [COLLECTIVE_TIMEOUT_S WALL_TIMEOUT_S]
+    mixed_media_fsdp2.py dense|moe|qwen3_5|qwen3_5_moe CASE[,CASE...] fsdp|alone [COLLECTIVE_TIMEOUT_S WALL_TIMEOUT_S]
 
 verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch``; verl >= 0.8: the FSDP engine's ``forward_step`` (both
 with remove-padding, after ``apply_monkey_patch``). The model is sharded as verl's FSDP2 wrapping does:
@@ -85,7 +85,7 @@ def run_rank(rank, kind, cases, mode):
                 for g, r in zip(grads, ref_grads, strict=True)
             ),
         )
-    results["statuses"] = {s.patch: s.status.value for s in patch_statuses()}
+    results["statuses"] = {f"{s.patch} {s.target}": s.status.value for s in patch_statuses()}
     return results
 
 

@@ -1,16 +1,21 @@
 """The model-patch hook in real processes: ``import verl`` loads it, transformers' import triggers it, and verl's
-``apply_monkey_patch`` on a tiny Qwen3-VL / Qwen3-VL-MoE leaves the plugin's function in effect."""
+``apply_monkey_patch`` on a tiny Qwen3-VL / Qwen3-VL-MoE (and Qwen3.5 / Qwen3.5-MoE, transformers >= 5.2) leaves the
+plugin's function in effect."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import POS_EMBED_USED, child_json
+from tests.helpers import POS_EMBED_USED, TRANSFORMERS, child_json
 
+QWEN3_5 = TRANSFORMERS.release >= (5, 2)
 VISION_MODULES = (
     "transformers.models.qwen3_vl.modeling_qwen3_vl",
     "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
-)
+    *(("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+      if QWEN3_5 else ()),
+)  # fmt: skip
+MODELS = ("dense", "moe", *(("qwen3_5", "qwen3_5_moe") if QWEN3_5 else ()))
 MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 
 
@@ -21,7 +26,8 @@ def test_plugin_function_in_effect_after_verl_monkey_patch():
         assert status == ("applied" if POS_EMBED_USED else "skipped"), reason
     # Wrapped on every verl: verl >= 0.8 sets its own method there, 0.7 does not, and the wrapper is right either way.
     assert result["status"][MONKEY_PATCH][0] == "applied"
-    for name in ("dense", "moe"):
+    assert set(MODELS) <= set(result)
+    for name in MODELS:
         assert result[name]["finite"]
         if POS_EMBED_USED:  # transformers >= 5.9 never calls the method: verl's unused copy may stay on the class
             assert result[name]["ours"], name
@@ -33,7 +39,7 @@ def test_without_the_plugin_nothing_is_patched():
         "build_and_patch.py", env={"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
     )
     assert result["status"] == {}
-    assert not result["dense"]["ours"] and not result["moe"]["ours"]
+    assert not any(result[name]["ours"] for name in MODELS)
 
 
 @pytest.mark.parametrize("names", ["all", "qwen3_vl_pos_embed", "qwen3_vl_pos_embed,npu_qwen3_vl_moe_routing"])

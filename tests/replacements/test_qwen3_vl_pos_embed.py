@@ -11,7 +11,12 @@ import torch
 
 from verl_qwen3vl_plugin.replacements import qwen3_vl_pos_embed as qwen3_vl
 from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import forward_check, gradient_check, references
+from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import (
+    forward_check,
+    gradient_check,
+    qwen3_5_references,
+    references,
+)
 from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
 # The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
@@ -19,6 +24,9 @@ REFERENCES = references()
 IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
 if "verl" in REFERENCES:
     IMPLEMENTATIONS["verl"] = REFERENCES["verl"]
+
+# Qwen3.5's (transformers >= 5.2, verl >= 0.8): on a Qwen3.5 tower, the plugin's function against each.
+QWEN3_5_REFERENCES = qwen3_5_references()
 
 GRIDS = {
     "2x2": [[1, 2, 2]],
@@ -60,6 +68,21 @@ def test_fp32_gradient_matches_upstream(impl, others, grid):
     for name, reference in others.items():
         check = gradient_check(impl, reference, name, GRIDS[grid])
         assert check.ok, check
+
+
+@pytest.mark.skipif(not QWEN3_5_REFERENCES, reason="no Qwen3.5 here (transformers < 5.2)")
+@pytest.mark.parametrize("reference", list(QWEN3_5_REFERENCES))
+@pytest.mark.parametrize("grid", ["images_and_videos", "long_thin", "square_128"])
+def test_qwen3_5_tower_bit_identical_to_qwen3_5_upstream(reference, grid):
+    for dtype in (torch.float32, torch.bfloat16):
+        check = forward_check(
+            fast_pos_embed_interpolate, QWEN3_5_REFERENCES[reference], reference, GRIDS[grid], dtype, family="qwen3_5"
+        )
+        assert check.ok, check
+    check = gradient_check(
+        fast_pos_embed_interpolate, QWEN3_5_REFERENCES[reference], reference, GRIDS[grid], family="qwen3_5"
+    )
+    assert check.ok, check
 
 
 @pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")

@@ -1,6 +1,7 @@
 """One vision-tower call per micro-batch: the plugin's ``get_input_embeds`` against verl's ``_get_input_embeds`` in
 one process (``selftest.qwen3_vl_single_vision_call``), then two FSDP2 ranks holding different media through verl's
-own forward (``tests/_child/mixed_media_fsdp2.py``), with the patch and, as the negative control, without it."""
+own forward (``tests/_child/mixed_media_fsdp2.py``), with the patch and, as the negative control, without it.
+Qwen3.5 (verl >= 0.8, transformers >= 5.2) gets the same checks, through verl's ``qwen3_5`` module."""
 
 from __future__ import annotations
 
@@ -22,15 +23,19 @@ COLLECTIVE_TIMEOUT_S, WALL_TIMEOUT_S = 10, 60
 
 
 SOURCE = source_text(spec.TARGET)
+QWEN3_5_SOURCE = source_text(spec.QWEN3_5_TARGET)  # None: verl < 0.8
 VIDEO_CALL = "model.visual(pixel_values_videos, grid_thw=video_grid_thw)"
+FAMILIES = ["qwen3_vl", *(["qwen3_5"] if QWEN3_5_SOURCE is not None else [])]
+KINDS = {"qwen3_vl": ["dense", "moe"], "qwen3_5": ["qwen3_5", "qwen3_5_moe"]}
 
 
-def verdict(source: str) -> Verdict:
-    return judge(spec.PATCH, spec.PATCH.targets[0], source)[0]
+def verdict(source: str | None, target: int = 0) -> Verdict:
+    return judge(spec.PATCH, spec.PATCH.targets[target], source)[0]
 
 
 def test_installed_verl_applies():
     assert verdict(SOURCE) is Verdict.APPLY
+    assert verdict(QWEN3_5_SOURCE, 1) is (Verdict.APPLY if QWEN3_5_SOURCE is not None else Verdict.NOT_USED)
 
 
 @pytest.mark.parametrize(
@@ -43,15 +48,25 @@ def test_installed_verl_applies():
     ],
     ids=["video_not_through_model_visual", "signature", "caller", "outputs"],
 )
-def test_edited_verl_is_unrecognized(old, new):
-    edited = SOURCE.replace(old, new)
-    assert edited != SOURCE
-    assert verdict(edited) is Verdict.UNRECOGNIZED
+@pytest.mark.parametrize("family", FAMILIES)
+def test_edited_verl_is_unrecognized(family, old, new):
+    source = SOURCE if family == "qwen3_vl" else QWEN3_5_SOURCE
+    if family == "qwen3_5" and "visual_pos_masks" in old:  # Qwen3.5 returns two outputs: one more is unknown
+        old, new = '"attention_mask": attention_mask}', '"attention_mask": attention_mask, "extra": None}'
+    edited = source.replace(old, new)
+    assert edited != source
+    assert verdict(edited, FAMILIES.index(family)) is Verdict.UNRECOGNIZED
 
 
+def test_qwen3_vl_shape_in_the_qwen3_5_module_is_unrecognized():
+    """Each module is judged by its own family's shape: Qwen3-VL's four outputs are not Qwen3.5's two."""
+    assert verdict(SOURCE.replace("qwen3_vl_base_forward", "qwen3_5_base_forward"), 1) is Verdict.UNRECOGNIZED
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", list(vision_call.CASES))
-def test_one_call_matching_verl(name):
-    check = vision_call.compare(name, vision_call.CASES[name])
+def test_one_call_matching_verl(family, name):
+    check = vision_call.compare(name, vision_call.CASES[name], family)
     assert check.ok, check
 
 
@@ -60,13 +75,14 @@ def test_token_count_mismatch_still_raises():
     assert check.ok, check
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", [kind for family in FAMILIES for kind in KINDS[family]])
 def test_fsdp2_ranks_with_different_media_make_equal_calls_and_match_alone(kind):
     results = child_json("mixed_media_fsdp2.py", kind, ",".join(FSDP_CASES), "fsdp", timeout=900)
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, errors[0]
+    target = spec.QWEN3_5_TARGET if kind.startswith("qwen3_5") else spec.TARGET
     for r in results:
-        assert r["statuses"]["qwen3_vl_single_vision_call"] == "applied", r
+        assert r["statuses"][f"qwen3_vl_single_vision_call {target}"] == "applied", r
         for case in FSDP_CASES:
             assert r[case]["visual_calls_alone"] == r[case]["visual_calls_fsdp"] == 1, (case, r)
             assert r[case]["log_prob_diff"] <= LOG_PROB_ATOL and r[case]["grad_rel_diff"] <= GRAD_RTOL, (case, r)
@@ -93,5 +109,5 @@ def test_negative_control_without_the_patch_ranks_make_different_calls_and_fail(
         assert [r[case]["visual_calls_alone"] for r in alone] == [2, 1], (case, alone)
         assert all("error" in r for r in results), (case, results)  # one rank aborts, its peer loses it
     for r in single:
-        assert r["statuses"]["qwen3_vl_single_vision_call"] == "disabled", r
+        assert r["statuses"][f"qwen3_vl_single_vision_call {spec.TARGET}"] == "disabled", r
         assert r["video_vs_image"]["visual_calls_fsdp"] == 1, r

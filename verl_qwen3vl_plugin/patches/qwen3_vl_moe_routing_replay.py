@@ -39,6 +39,9 @@ from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWIT
 
 MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
 BLOCK, ROUTER = "Qwen3VLMoeTextSparseMoeBlock", "Qwen3VLMoeTextTopKRouter"
+# Qwen3.5-MoE (transformers >= 5.2): every decoder layer, gated delta-net or full attention, has a sparse block whose
+# top-k router has Qwen3-VL-MoE's transformers 5 shape.
+QWEN3_5_MODELING, QWEN3_5_ROUTER = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeTopKRouter"
 NPU_PATCH, NPU_BLOCK = "verl.models.transformers.npu_patch", "NPUQwen3VLMoeTextSparseMoeBlock"
 DP_ACTOR, ACTOR = "verl.workers.actor.dp_actor", "DataParallelPPOActor"
 WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
@@ -91,12 +94,24 @@ def decide_sparse_block(tree: ast.Module) -> Decision:
     return Decision(Verdict.UNRECOGNIZED, f"{BLOCK}.forward routes in an unknown way")
 
 
-def decide_top_k_router(tree: ast.Module) -> Decision:
-    forward = _forward(tree, ROUTER)
+def returns_probabilities(forward: ast.FunctionDef) -> bool:
+    """Older transformers 5 releases (5.3 here) overwrite ``router_logits`` with the softmax and return that, with
+    the top-k weights in fp32; newer ones return the logits, the weights cast to their dtype. Replay follows each."""
+    return any(
+        isinstance(n, ast.Assign)
+        and [ast.unparse(t) for t in n.targets] == ["router_logits"]
+        and isinstance(n.value, ast.Call)
+        and compat.calls(n.value, "softmax")
+        for n in ast.walk(forward)
+    )
+
+
+def decide_top_k_router(tree: ast.Module, router: str = ROUTER) -> Decision:
+    forward = _forward(tree, router)
     if forward is None:
-        if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
+        if router == ROUTER and compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
             return Decision(Verdict.NOT_USED, f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
-        return Decision(Verdict.UNRECOGNIZED, f"no {ROUTER}.forward, and {BLOCK} does not route itself")
+        return Decision(Verdict.UNRECOGNIZED, f"no {router}.forward, and no sparse block that routes itself")
     known = (
         compat.parameters(forward) == ["self", "hidden_states"]
         and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
@@ -104,9 +119,10 @@ def decide_top_k_router(tree: ast.Module) -> Decision:
         and compat.calls(forward, "topk")
         and set(_returns(forward)) == {3}
     )
-    if known:
-        return Decision(Verdict.APPLY, f"{ROUTER} returns (logits, top-k weights, top-k ids) (transformers 5)")
-    return Decision(Verdict.UNRECOGNIZED, f"{ROUTER}.forward routes in an unknown way")
+    if not known:
+        return Decision(Verdict.UNRECOGNIZED, f"{router}.forward routes in an unknown way")
+    first = "probabilities" if returns_probabilities(forward) else "logits"
+    return Decision(Verdict.APPLY, f"{router} returns ({first}, top-k weights, top-k ids) (transformers 5)")
 
 
 def decide_npu_block(tree: ast.Module) -> Decision:
@@ -197,15 +213,18 @@ def availability(verdicts: dict[str, str]) -> str:
     """Whether routing replay can run on this stack (``verdicts``: target label -> verdict value), how to turn it
     on, or why it cannot: the doctor's line."""
     applies = {label for label, verdict in verdicts.items() if verdict == Verdict.APPLY.value}
-    labels = [t.label for t in PATCH.targets]
+
+    def labels(*modules: str) -> set[str]:
+        return {t.label for t in PATCH.targets if t.module in modules}
+
     if set(verdicts.values()) == {Verdict.DISABLED.value}:
         return "not available: the patch is disabled (VERL_QWEN3VL_PLUGIN_DISABLE)"
-    if not applies & set(labels[:3]):
-        return "not available: no Qwen3-VL-MoE router the plugin recognises on this stack"
+    if not applies & labels(MODELING, QWEN3_5_MODELING, NPU_PATCH):
+        return "not available: no Qwen3-VL-MoE or Qwen3.5-MoE router the plugin recognises on this stack"
     paths = []
-    if {labels[3], labels[4]} <= applies:
+    if labels(DP_ACTOR, WORKERS) <= applies:
         paths.append(f"verl's legacy FSDP actor: {LEGACY_SWITCH}=R3 (or R2)")
-    if labels[5] in applies:
+    if labels(ENGINE) <= applies:
         paths.append(f"verl's FSDP engine: {ENGINE_SWITCH}=R3 (or R2)")
     if not paths:
         return "not available: neither verl's legacy FSDP actor nor its FSDP engine is recognised on this stack"
@@ -220,7 +239,11 @@ def _apply_modeling(cls_name: str):
     def apply(module: ModuleType) -> None:
         from verl_qwen3vl_plugin.replacements.routing_replay import routers
 
-        (routers.patch_sparse_block if cls_name == BLOCK else routers.patch_top_k_router)(module)
+        if cls_name == BLOCK:
+            routers.patch_sparse_block(module)
+        else:
+            forward = _forward(compat.tree(module.__name__), cls_name)
+            routers.patch_top_k_router(getattr(module, cls_name), returns_probabilities(forward))
 
     return apply
 
@@ -280,6 +303,13 @@ PATCH = Patch(
         ),
         Target(
             MODELING, decide_top_k_router, _apply_modeling(ROUTER), _no_module("no Qwen3-VL-MoE"), f"{ROUTER}.forward"
+        ),
+        Target(
+            QWEN3_5_MODELING,
+            lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
+            _apply_modeling(QWEN3_5_ROUTER),
+            _no_module("no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"),
+            f"{QWEN3_5_ROUTER}.forward",
         ),
         Target(NPU_PATCH, decide_npu_block, _apply_npu, _no_module("verl has no npu_patch"), f"{NPU_BLOCK}.forward"),
         Target(DP_ACTOR, decide_actor, _apply_actor, legacy_gone),

@@ -1,9 +1,11 @@
-"""Patch ``qwen3_vl_pos_embed``: the plugin's ``fast_pos_embed_interpolate`` on ``Qwen3VLVisionModel`` and
-``Qwen3VLMoeVisionModel``.
+"""Patch ``qwen3_vl_pos_embed``: the plugin's ``fast_pos_embed_interpolate`` on the vision towers of Qwen3-VL,
+Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (``Qwen3VLVisionModel``, ``Qwen3VLMoeVisionModel``, ``Qwen3_5VisionModel``,
+``Qwen3_5MoeVisionModel``), which share the method and the table.
 
-Targets: transformers' two Qwen3-VL modeling modules (set the plugin's function on the vision class), and verl's
-``monkey_patch`` module, whose ``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copy while building a model:
-it is wrapped to put the plugin's function back afterwards.
+Targets: transformers' four modeling modules (set the plugin's function on the vision class; the Qwen3.5 ones exist
+from transformers 5.2, so an older one is "not used"), and verl's ``monkey_patch`` module, whose
+``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copies (one per family) while building a model: it is
+wrapped to put the plugin's function back afterwards.
 
 Known shapes (the probes' whole knowledge):
 - affected, transformers 4.57 to 5.8: the vision ``forward`` calls ``self.fast_pos_embed_interpolate``, a method of
@@ -20,16 +22,12 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, vision_towers
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 METHOD = "fast_pos_embed_interpolate"
 # transformers >= 5.9 computes the interpolation with this pure function, on grid_thw's device.
 FIXED_HELPER = "get_vision_bilinear_indices_and_weights"
-VISION_CLASSES = {
-    "transformers.models.qwen3_vl.modeling_qwen3_vl": "Qwen3VLVisionModel",
-    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "Qwen3VLMoeVisionModel",
-}
 VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 
 # The classes patched in this process, each with transformers' own method, kept before it was replaced.
@@ -102,7 +100,7 @@ def _set_ours(cls: type) -> None:
 
 
 def _apply_to_vision_class(module: ModuleType) -> None:
-    cls = getattr(module, VISION_CLASSES[module.__name__])
+    cls = vision_towers.tower_class(module)
     _upstream.setdefault(cls, cls.__dict__.get(METHOD))
     _set_ours(cls)
 
@@ -120,15 +118,11 @@ def _wrap_apply_monkey_patch(module: ModuleType) -> None:
     wrapt.wrap_function_wrapper(module, "apply_monkey_patch", _after_verl_monkey_patch)
 
 
-def _vision_target(module: str, cls_name: str) -> Target:
-    return Target(module, lambda tree: decide_vision_class(cls_name, tree), _apply_to_vision_class)
-
-
 PATCH = Patch(
     name="qwen3_vl_pos_embed",
     group=MODEL,
     targets=(
-        *(_vision_target(module, cls_name) for module, cls_name in VISION_CLASSES.items()),
+        *vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),
         Target(VERL_MONKEY_PATCH, decide_monkey_patch, _wrap_apply_monkey_patch),
     ),
     devices=None,
@@ -139,11 +133,11 @@ PATCH = Patch(
     ),
     how=(
         "verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed.fast_pos_embed_interpolate"
-        " replaces the method on both "
+        " replaces the method on the four "
         "vision classes: "
         "computed on grid_thw's device, vectorized, one host sync per call, bit-identical output."
     ),
     upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
-    remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL with.",
+    remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL and Qwen3.5 with.",
     selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed",
 )

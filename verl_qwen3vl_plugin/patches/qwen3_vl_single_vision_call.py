@@ -1,16 +1,18 @@
-"""Patch ``qwen3_vl_single_vision_call``: verl's Qwen3-VL(-MoE) forward calls the vision tower once per micro-batch,
-whatever the micro-batch holds.
+"""Patch ``qwen3_vl_single_vision_call``: verl's Qwen3-VL(-MoE) and Qwen3.5(-MoE) forwards call the vision tower
+once per micro-batch, whatever the micro-batch holds.
 
-Target: verl's ``verl.models.transformers.qwen3_vl``. ``apply_monkey_patch`` makes ``qwen3_vl_base_forward`` the
-forward of ``Qwen3VLModel`` and ``Qwen3VLMoeModel`` (verl 0.7.0 to 0.9.1, every device), and that forward looks up
-the module's ``_get_input_embeds`` at each call: replacing the module's name is enough, before or after
-``apply_monkey_patch``.
+Targets: verl's ``verl.models.transformers.qwen3_vl`` and ``verl.models.transformers.qwen3_5`` (verl >= 0.8; "not
+used" where it is absent). ``apply_monkey_patch`` makes ``qwen3_vl_base_forward`` the forward of ``Qwen3VLModel``
+and ``Qwen3VLMoeModel`` (verl 0.7.0 to 0.9.1), ``qwen3_5_base_forward`` that of ``Qwen3_5Model`` and
+``Qwen3_5MoeModel`` (0.8.0 to 0.9.1), every device; each forward looks up its module's ``_get_input_embeds`` at each
+call: replacing the module's name is enough, before or after ``apply_monkey_patch``.
 
 Known shapes (the probe's whole knowledge):
-- affected, verl 0.7.0 to 0.9.1: ``_get_input_embeds(model, input_ids, attention_mask, pixel_values,
-  pixel_values_videos, image_grid_thw, video_grid_thw)`` with one ``model.visual(...)`` call under ``if pixel_values
-  is not None``, one under ``if pixel_values_videos is not None`` and the text-only dummy (three in all), returning
-  the dict of ``inputs_embeds``, ``attention_mask``, ``visual_pos_masks`` and ``deepstack_visual_embeds``;
+- affected, verl 0.7.0 to 0.9.1 (Qwen3-VL), 0.8.0 to 0.9.1 (Qwen3.5): ``_get_input_embeds(model, input_ids,
+  attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)`` with one ``model.visual(...)``
+  call under ``if pixel_values is not None``, one under ``if pixel_values_videos is not None`` and the text-only
+  dummy (three in all), returning the dict of ``inputs_embeds``, ``attention_mask``, and for Qwen3-VL
+  ``visual_pos_masks`` and ``deepstack_visual_embeds``;
 - fixed: no upstream release has one yet, so any other shape is ``unrecognized``.
 """
 
@@ -23,13 +25,19 @@ from types import ModuleType
 from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
-TARGET = "verl.models.transformers.qwen3_vl"
+TARGET, QWEN3_5_TARGET = "verl.models.transformers.qwen3_vl", "verl.models.transformers.qwen3_5"
 FUNCTION = "_get_input_embeds"
-CALLER = "qwen3_vl_base_forward"
 PARAMETERS = [
     "model", "input_ids", "attention_mask", "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
 ]  # fmt: skip
-OUTPUTS = {"inputs_embeds", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds"}
+# Per target module: the forward that calls the function, and the keys of the dict the function returns.
+FAMILIES = {
+    TARGET: (
+        "qwen3_vl_base_forward",
+        {"inputs_embeds", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds"},
+    ),
+    QWEN3_5_TARGET: ("qwen3_5_base_forward", {"inputs_embeds", "attention_mask"}),
+}
 
 # verl's own function, kept before it was replaced in this process (the self-test compares against it).
 _upstream: dict[str, Callable] = {}
@@ -55,28 +63,29 @@ def _branch(func: ast.FunctionDef, name: str) -> ast.If | None:
     return None
 
 
-def _returns_outputs(func: ast.FunctionDef) -> bool:
+def _returns_outputs(func: ast.FunctionDef, outputs: set[str]) -> bool:
     returns = [n.value for n in ast.walk(func) if isinstance(n, ast.Return)]
     return (
         len(returns) == 1
         and isinstance(returns[0], ast.Dict)
-        and {k.value for k in returns[0].keys if isinstance(k, ast.Constant)} == OUTPUTS
+        and {k.value for k in returns[0].keys if isinstance(k, ast.Constant)} == outputs
     )
 
 
-def decide(tree: ast.Module) -> Decision:
+def decide(tree: ast.Module, module: str = TARGET) -> Decision:
+    caller_name, outputs = FAMILIES[module]
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {FUNCTION} in {TARGET}")
+        return Decision(Verdict.UNRECOGNIZED, f"no {FUNCTION} in {module}")
     if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
-    caller = compat.find_function(tree, CALLER)
+    caller = compat.find_function(tree, caller_name)
     if caller is None or not any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == FUNCTION for n in ast.walk(caller)
     ):
-        return Decision(Verdict.UNRECOGNIZED, f"{CALLER} does not call the module's {FUNCTION}")
-    if not _returns_outputs(func):
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not return the dict of {sorted(OUTPUTS)}")
+        return Decision(Verdict.UNRECOGNIZED, f"{caller_name} does not call the module's {FUNCTION}")
+    if not _returns_outputs(func, outputs):
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not return the dict of {sorted(outputs)}")
     image, video = _branch(func, "pixel_values"), _branch(func, "pixel_values_videos")
     calls = tuple(_tower_calls(node) if node is not None else 0 for node in (image, video, func))
     if calls == (1, 1, 3):
@@ -88,36 +97,44 @@ def decide(tree: ast.Module) -> Decision:
     )
 
 
+def _no_qwen3_5() -> Decision:
+    return Decision(Verdict.NOT_USED, "no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)")
+
+
 def upstream_function(module: ModuleType) -> Callable:
     """verl's own ``_get_input_embeds``, even after the plugin replaced it."""
     return _upstream.get(module.__name__, getattr(module, FUNCTION))
 
 
 def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_single_vision_call as replacement
 
     _upstream.setdefault(module.__name__, getattr(module, FUNCTION))
-    setattr(module, FUNCTION, get_input_embeds)
+    ours = replacement.get_input_embeds if module.__name__ == TARGET else replacement.get_input_embeds_qwen3_5
+    setattr(module, FUNCTION, ours)
 
 
 PATCH = Patch(
     name="qwen3_vl_single_vision_call",
     group=MODEL,
-    targets=(Target(TARGET, decide, _apply),),
+    targets=(
+        Target(TARGET, decide, _apply),
+        Target(QWEN3_5_TARGET, lambda tree: decide(tree, QWEN3_5_TARGET), _apply, _no_qwen3_5),
+    ),
     devices=None,
     why=(
-        "verl's Qwen3-VL forward calls the vision tower once for a micro-batch's images and once more for its "
-        "videos. Under FSDP each call is a collective, so a rank whose micro-batch mixes an image and a video makes "
-        "two calls while its peers make one: the run hangs (NCCL), exchanges wrong parameters, or fails (gloo)."
+        "verl's Qwen3-VL and Qwen3.5 forwards call the vision tower once for a micro-batch's images and once more "
+        "for its videos. Under FSDP each call is a collective, so a rank whose micro-batch mixes an image and a video "
+        "makes two calls while its peers make one: the run hangs (NCCL), exchanges wrong parameters, or fails (gloo)."
     ),
     how=(
         "verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call.get_input_embeds"
-        " replaces verl's _get_input_embeds: "
+        " (and get_input_embeds_qwen3_5) replace verl's _get_input_embeds: "
         "images and videos through the tower in one call, split back and scattered as verl does; text-only keeps "
         "verl's one dummy call; one host sync."
     ),
     upstream=("verl#7323", "verl#3491"),
-    remove_when="verl's Qwen3-VL _get_input_embeds makes one vision-tower call per micro-batch in the oldest verl "
-    "you run.",
+    remove_when="verl's Qwen3-VL and Qwen3.5 _get_input_embeds make one vision-tower call per micro-batch in the "
+    "oldest verl you run.",
     selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_single_vision_call",
 )

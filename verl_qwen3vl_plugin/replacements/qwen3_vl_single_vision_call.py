@@ -1,4 +1,5 @@
-"""verl's Qwen3-VL(-MoE) input embeddings with one vision-tower call per micro-batch, whatever it holds.
+"""verl's Qwen3-VL(-MoE) and Qwen3.5(-MoE) input embeddings with one vision-tower call per micro-batch, whatever it
+holds.
 
 Why: verl's ``_get_input_embeds`` calls the tower once for the images and once more for the videos. Under FSDP each
 tower call is a collective (its blocks' all-gathers), so a rank whose micro-batch mixes images and videos makes two
@@ -6,8 +7,9 @@ calls while its peers make one: NCCL hangs or exchanges wrong data, gloo fails o
 How: images and videos go through the tower together, patches and grid rows concatenated (images first); the tower
 treats every grid row on its own, so each row's output is the one a separate call gives, up to fp rounding of the
 batched matmuls. The merged embeddings are split back at the image/video boundary and scattered as verl does; the
-deepstack features are reordered into sequence order with one index_select. A text-only micro-batch still runs
-verl's one dummy image. Host syncs: one (the token counts, with the image share), never more than verl's.
+deepstack features (Qwen3-VL's; Qwen3.5 has none) are reordered into sequence order with one index_select. A
+text-only micro-batch still runs verl's one dummy image. Host syncs: one (the token counts, with the image share),
+never more than verl's.
 When it applies, and when it can be removed: the ``qwen3_vl_single_vision_call`` spec.
 """
 
@@ -38,17 +40,17 @@ def _check_counts(kind: str, tokens: int, features: int) -> None:
         )
 
 
-def get_input_embeds(
+def _embed(
     model: nn.Module,
     input_ids: torch.LongTensor,
-    attention_mask: torch.Tensor | None = None,
-    pixel_values: torch.FloatTensor | None = None,
-    pixel_values_videos: torch.FloatTensor | None = None,
-    image_grid_thw: torch.LongTensor | None = None,
-    video_grid_thw: torch.LongTensor | None = None,
+    attention_mask: torch.Tensor | None,
+    pixel_values: torch.FloatTensor | None,
+    pixel_values_videos: torch.FloatTensor | None,
+    image_grid_thw: torch.LongTensor | None,
+    video_grid_thw: torch.LongTensor | None,
 ) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
-    """verl's ``_get_input_embeds`` contract (same arguments, same four outputs, same token-count errors), with
-    exactly one ``model.visual`` call."""
+    """Both families' embedding with exactly one ``model.visual`` call: Qwen3-VL's four outputs (Qwen3.5 returns
+    the first two of them)."""
     inputs_embeds = model.get_input_embeddings()(input_ids)
     config, visual = model.config, model.visual
     media = [
@@ -88,8 +90,9 @@ def get_input_embeds(
         else:
             image_mask, video_mask = media[0][3], media[1][3]
             visual_pos_masks = image_mask | video_mask
-            order = _sequence_order(image_mask, video_mask, features[0], embeds.shape[0]).to(embeds.device)
-            deepstack = [feature.index_select(0, order) for feature in deepstack]
+            if deepstack:
+                order = _sequence_order(image_mask, video_mask, features[0], embeds.shape[0]).to(embeds.device)
+                deepstack = [feature.index_select(0, order) for feature in deepstack]
     if attention_mask is not None:
         attention_mask = attention_mask.to(inputs_embeds.device)
     return {
@@ -98,3 +101,31 @@ def get_input_embeds(
         "visual_pos_masks": visual_pos_masks,
         "deepstack_visual_embeds": deepstack,
     }
+
+
+def get_input_embeds(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    pixel_values: torch.FloatTensor | None = None,
+    pixel_values_videos: torch.FloatTensor | None = None,
+    image_grid_thw: torch.LongTensor | None = None,
+    video_grid_thw: torch.LongTensor | None = None,
+) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
+    """verl's Qwen3-VL ``_get_input_embeds`` contract (same arguments, same four outputs, same token-count errors),
+    with exactly one ``model.visual`` call."""
+    return _embed(model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)
+
+
+def get_input_embeds_qwen3_5(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    pixel_values: torch.FloatTensor | None = None,
+    pixel_values_videos: torch.FloatTensor | None = None,
+    image_grid_thw: torch.LongTensor | None = None,
+    video_grid_thw: torch.LongTensor | None = None,
+) -> dict[str, torch.Tensor | None]:
+    """verl's Qwen3.5 ``_get_input_embeds`` contract (its two outputs), with exactly one ``model.visual`` call."""
+    out = _embed(model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)
+    return {"inputs_embeds": out["inputs_embeds"], "attention_mask": out["attention_mask"]}

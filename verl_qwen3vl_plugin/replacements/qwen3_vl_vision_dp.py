@@ -5,9 +5,10 @@ tower, so every rank of the group holds every image of the micro-batch and runs 
 tower's forward, backward and activation memory are repeated SP times.
 How: the images (and videos) of one tower call are split into contiguous runs balanced by patch count, one run per
 rank. Each rank runs the tower once on its run, or on a one-token dummy image when it has none, so every rank makes
-the same calls (under FSDP each is a collective). The merged embeddings and the deepstack features travel in one
-all-gather, back into the original order; its backward sums the gradient over the group and gives each rank the
-rows it computed. The tower's parameter gradients, once FSDP averages them over the group, equal verl's.
+the same calls (under FSDP each is a collective). The merged embeddings and the deepstack features (Qwen3-VL's;
+Qwen3.5 has none) travel in one all-gather, back into the original order; its backward sums the gradient over the
+group and gives each rank the rows it computed. The tower's parameter gradients, once FSDP averages them over the
+group, equal verl's.
 Fails closed: the split is only right if every rank of the group holds the same images, so the group first agrees on
 what it holds (one small all-gather: image count, patch count, a checksum of ``grid_thw``); on a mismatch every rank
 raises the same ``RuntimeError`` instead of hanging in a mis-sized gather.
@@ -88,21 +89,25 @@ def ulysses_group() -> tuple[dist.ProcessGroup | None, int, int]:
 
 
 def split_output(output) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(merged embeddings, deepstack features) from what this transformers' vision forward returns."""
+    """(merged embeddings, deepstack features) from what this transformers' vision forward returns; Qwen3.5's
+    tower has no deepstack features (an empty list)."""
     if isinstance(output, tuple):
         return output[0], list(output[1] or [])
-    return output.pooler_output, list(output.deepstack_features or [])
+    return output.pooler_output, list(getattr(output, "deepstack_features", None) or [])
 
 
 def _rebuild_output(output, embeds: torch.Tensor, deepstack: list[torch.Tensor]):
     """The vision forward's return type around the gathered tensors.
 
     transformers 5's output also holds ``last_hidden_state``, the unmerged patches of this rank's share only:
-    it is left out (None) rather than returned partial; verl and transformers read the other two fields.
+    it is left out (None) rather than returned partial; verl and transformers read the merged embeddings and the
+    deepstack features.
     """
     if isinstance(output, tuple):
         return (embeds, deepstack, *output[2:])
-    return type(output)(pooler_output=embeds, deepstack_features=deepstack)
+    if hasattr(output, "deepstack_features"):
+        return type(output)(pooler_output=embeds, deepstack_features=deepstack)
+    return type(output)(pooler_output=embeds)
 
 
 def agree_on_inputs(grid: list[list[int]], group: dist.ProcessGroup, device: torch.device) -> None:

@@ -1,4 +1,5 @@
-"""Checks of the ``qwen3_vl_pos_embed`` patch: the plugin's interpolation against the upstream ones installed here."""
+"""Checks of the ``qwen3_vl_pos_embed`` patch: the plugin's interpolation against the upstream ones installed here,
+on a Qwen3-VL tower and, where transformers has Qwen3.5, on a Qwen3.5 tower against Qwen3.5's own."""
 
 from __future__ import annotations
 
@@ -34,20 +35,51 @@ def references() -> dict[str, Callable]:
     return references
 
 
+def qwen3_5_references() -> dict[str, Callable]:
+    """Qwen3.5's upstream interpolations installed here (transformers >= 5.2, verl >= 0.8): transformers' own method
+    where its vision forward calls it (5.2 to 5.8), and verl's copy for Qwen3.5."""
+    from verl_qwen3vl_plugin.compat import tree
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import decide_vision_class, upstream_method
+    from verl_qwen3vl_plugin.registry import Verdict
+
+    try:
+        from transformers.models.qwen3_5 import modeling_qwen3_5
+    except ImportError:  # transformers < 5.2
+        return {}
+    references = {}
+    if decide_vision_class("Qwen3_5VisionModel", tree(modeling_qwen3_5.__name__)).verdict is Verdict.APPLY:
+        references["transformers qwen3_5"] = upstream_method(modeling_qwen3_5.Qwen3_5VisionModel)
+    try:
+        from verl.models.transformers.qwen3_5 import fast_pos_embed_interpolate as verl_version
+    except ImportError:  # verl < 0.8 has no Qwen3.5
+        pass
+    else:
+        references["verl qwen3_5"] = verl_version
+    return references
+
+
 def forward_check(
-    impl: Callable, reference: Callable, name: str, grid: list, dtype: torch.dtype, hidden: int = 32
+    impl: Callable,
+    reference: Callable,
+    name: str,
+    grid: list,
+    dtype: torch.dtype,
+    hidden: int = 32,
+    family: str = "qwen3_vl",
 ) -> Check:
     """Outputs must be bit-identical."""
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
-    tower = vision_tower(hidden=hidden, dtype=dtype)
+    tower = vision_tower(hidden=hidden, dtype=dtype, family=family)
     grid_thw = torch.tensor(grid)
     out, expected = impl(tower, grid_thw), reference(tower, grid_thw)
     same = out.shape == expected.shape and torch.equal(out, expected)
     return Check(f"pos_embed {dtype} vs {name}", same, "bit-identical" if same else "outputs differ")
 
 
-def gradient_check(impl: Callable, reference: Callable, name: str, grid: list, hidden: int = 32) -> Check:
+def gradient_check(
+    impl: Callable, reference: Callable, name: str, grid: list, hidden: int = 32, family: str = "qwen3_vl"
+) -> Check:
     """The table's fp32 gradient within GRAD_RTOL of the largest gradient entry."""
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
@@ -55,7 +87,7 @@ def gradient_check(impl: Callable, reference: Callable, name: str, grid: list, h
     grad_out = torch.randn(int(grid_thw.prod(-1).sum()), hidden, generator=torch.Generator().manual_seed(1))
     grads = []
     for fn in (impl, reference):
-        tower = vision_tower(hidden=hidden)
+        tower = vision_tower(hidden=hidden, family=family)
         fn(tower, grid_thw).backward(grad_out)
         grads.append(tower.pos_embed.weight.grad)
     diff = float((grads[0] - grads[1]).abs().max() / grads[1].abs().max())
@@ -67,10 +99,11 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     checks = []
-    for name, reference in references().items():
-        for dtype in (torch.float32, torch.bfloat16):
-            checks.append(forward_check(fast_pos_embed_interpolate, reference, name, GRIDS, dtype))
-        checks.append(gradient_check(fast_pos_embed_interpolate, reference, name, GRIDS))
+    for family, found in (("qwen3_vl", references()), ("qwen3_5", qwen3_5_references())):
+        for name, reference in found.items():
+            for dtype in (torch.float32, torch.bfloat16):
+                checks.append(forward_check(fast_pos_embed_interpolate, reference, name, GRIDS, dtype, family=family))
+            checks.append(gradient_check(fast_pos_embed_interpolate, reference, name, GRIDS, family=family))
     try:
         fast_pos_embed_interpolate(vision_tower(), torch.tensor([[1, 3, 4]]))
         checks.append(Check("pos_embed rejects an odd grid", False, "no error raised"))

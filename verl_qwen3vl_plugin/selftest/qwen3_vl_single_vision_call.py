@@ -1,5 +1,6 @@
 """Checks of the ``qwen3_vl_single_vision_call`` patch: the plugin's ``get_input_embeds`` against verl's own
-``_get_input_embeds`` on a tiny Qwen3-VL, in one CPU process.
+``_get_input_embeds`` on a tiny Qwen3-VL, and ``get_input_embeds_qwen3_5`` against verl's Qwen3.5 one on a tiny
+Qwen3.5 (verl >= 0.8), in one CPU process.
 
 Per micro-batch: the number of vision-tower calls (one, whatever it holds), the outputs (bit-identical where verl
 also makes one call; within fp32 rounding where the tower now sees images and videos in one batch), the tower's
@@ -8,6 +9,8 @@ whose output size depends on data), which must not exceed verl's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -88,23 +91,32 @@ def run_one(function, model: torch.nn.Module, inputs: dict) -> dict:
             out = function(model.model, **inputs)
     finally:
         hook.remove()
-    tensors = [out["inputs_embeds"], *(out["deepstack_visual_embeds"] or [])]
+    tensors = [out["inputs_embeds"], *(out.get("deepstack_visual_embeds") or [])]
     generator = torch.Generator().manual_seed(1)
     sum((t * torch.randn(t.shape, generator=generator)).sum() for t in tensors).backward()
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.model.visual.parameters()]
     return {"out": out, "tensors": tensors, "grads": grads, "calls": calls, "reads": reads.count}
 
 
-def compare(name: str, samples: list[list[tuple]]) -> Check:
-    from verl.models.transformers import qwen3_vl
+def family_functions(family: str) -> tuple[Callable, Callable, Callable[[], torch.nn.Module]]:
+    """(verl's ``_get_input_embeds``, the plugin's, a seeded tiny model) of ``family``: qwen3_vl or qwen3_5."""
+    import importlib
 
     from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import upstream_function
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
-    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl
+    from verl_qwen3vl_plugin.replacements import qwen3_vl_single_vision_call as replacement
+    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_5, tiny_qwen3_vl
 
-    model = randomize(tiny_qwen3_vl(), seed=0)
+    verl = upstream_function(importlib.import_module(f"verl.models.transformers.{family}"))
+    if family == "qwen3_5":
+        return verl, replacement.get_input_embeds_qwen3_5, lambda: randomize(tiny_qwen3_5(), seed=0)
+    return verl, replacement.get_input_embeds, lambda: randomize(tiny_qwen3_vl(), seed=0)
+
+
+def compare(name: str, samples: list[list[tuple]], family: str = "qwen3_vl") -> Check:
+    upstream, plugin, build = family_functions(family)
+    model = build()
     inputs = model_inputs(samples)
-    verl, ours = run_one(upstream_function(qwen3_vl), model, inputs), run_one(get_input_embeds, model, inputs)
+    verl, ours = run_one(upstream, model, inputs), run_one(plugin, model, inputs)
     exact = len(verl["calls"]) == 1  # verl too made one call: the same tower batch, so the same bits
 
     def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -112,9 +124,10 @@ def compare(name: str, samples: list[list[tuple]]) -> Check:
             return torch.equal(a, b)
         return bool((a - b).abs().max() <= RTOL * a.abs().max())
 
-    masks = (verl["out"]["visual_pos_masks"], ours["out"]["visual_pos_masks"])
+    masks = (verl["out"].get("visual_pos_masks"), ours["out"].get("visual_pos_masks"))
     ok = (
         len(ours["calls"]) == 1
+        and set(ours["out"]) == set(verl["out"])
         and len(verl["tensors"]) == len(ours["tensors"])
         and all(same(a, b) for a, b in zip(verl["tensors"], ours["tensors"], strict=True))
         and all(same(a, b) for a, b in zip(verl["grads"], ours["grads"], strict=True))
@@ -126,7 +139,8 @@ def compare(name: str, samples: list[list[tuple]]) -> Check:
         f"tower calls {len(verl['calls'])} -> {len(ours['calls'])}, host reads {verl['reads']} -> {ours['reads']}, "
         f"{'bit-identical' if exact else 'within fp32 rounding'}"
     )
-    return Check(f"one vision call: {name}", ok, detail)
+    label = "" if family == "qwen3_vl" else f" ({family})"
+    return Check(f"one vision call{label}: {name}", ok, detail)
 
 
 def token_mismatch() -> Check:
@@ -148,4 +162,9 @@ def token_mismatch() -> Check:
 
 
 def run() -> list[Check]:
-    return [*(compare(name, samples) for name, samples in CASES.items()), token_mismatch()]
+    import importlib.util
+
+    checks = [*(compare(name, samples) for name, samples in CASES.items()), token_mismatch()]
+    if importlib.util.find_spec("verl.models.transformers.qwen3_5") is not None:  # verl >= 0.8
+        checks += [compare(name, samples, "qwen3_5") for name, samples in CASES.items()]
+    return checks

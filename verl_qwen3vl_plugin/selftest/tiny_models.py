@@ -1,4 +1,5 @@
-"""Tiny random Qwen3-VL and Qwen3-VL-MoE models built from configs: no hub download, a few hundred kB each."""
+"""Tiny random Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE models built from configs: no hub download, a few
+hundred kB each. Qwen3.5's classes exist from transformers 5.2, so its builders import them when called."""
 
 from __future__ import annotations
 
@@ -37,16 +38,40 @@ TEXT = dict(
 )
 # hidden 32 != 2 * moe_intermediate: a mix-up of the experts' two projections cannot pass as a correct shape.
 MOE_TEXT = dict(TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1)
+# Qwen3.5: a gated delta-net (linear attention) layer, then a full-attention one, as the real models interleave them.
+QWEN3_5_TEXT = dict(
+    {k: v for k, v in TEXT.items() if k != "rope_scaling"},
+    linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+    linear_num_value_heads=2, layer_types=["linear_attention", "full_attention"],
+    rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+        "partial_rotary_factor": 0.5,
+    },
+)  # fmt: skip
+QWEN3_5_MOE_TEXT = dict(
+    {k: v for k, v in QWEN3_5_TEXT.items() if k != "intermediate_size"},
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=16,
+)  # fmt: skip
+# verl's Ulysses path for the gated delta-net needs flash-linear-attention's context-parallel kernel (Triton, no CPU
+# build): the SP tests' Qwen3.5 has full-attention layers only; the vision tower they test is the same.
+FULL_ATTENTION = ["full_attention", "full_attention"]
 TOKENS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START)
 
 
-def vision_tower(hidden: int = 32, table: int = 2304, dtype: torch.dtype = torch.float32) -> Qwen3VLVisionModel:
-    """A one-block vision tower whose position table is 48 x 48 like Qwen3-VL's, with seeded random entries."""
-    config = Qwen3VLVisionConfig(
-        depth=1, hidden_size=hidden, intermediate_size=16, num_heads=1, out_hidden_size=hidden,
-        num_position_embeddings=table, deepstack_visual_indexes=[],
-    )  # fmt: skip
-    tower = Qwen3VLVisionModel(config)
+def vision_tower(
+    hidden: int = 32, table: int = 2304, dtype: torch.dtype = torch.float32, family: str = "qwen3_vl"
+) -> torch.nn.Module:
+    """A one-block vision tower (``family``: ``qwen3_vl`` or ``qwen3_5``) whose position table is 48 x 48 like
+    theirs, with seeded random entries."""
+    sizes = dict(depth=1, hidden_size=hidden, intermediate_size=16, num_heads=1, out_hidden_size=hidden,
+                 num_position_embeddings=table)  # fmt: skip
+    if family == "qwen3_5":
+        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+        tower = Qwen3_5VisionModel(Qwen3_5VisionConfig(**sizes))
+    else:
+        tower = Qwen3VLVisionModel(Qwen3VLVisionConfig(**sizes, deepstack_visual_indexes=[]))
     with torch.no_grad():
         tower.pos_embed.weight.normal_(generator=torch.Generator().manual_seed(0))
     return tower.to(dtype)
@@ -77,6 +102,27 @@ def tiny_qwen3_vl_moe_config(vision: dict | None = None, **text: int) -> Qwen3VL
 def tiny_qwen3_vl_moe(seed: int = 0, vision: dict | None = None, **text: int) -> Qwen3VLMoeForConditionalGeneration:
     torch.manual_seed(seed)
     return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(vision, **text)).eval()
+
+
+def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None = None) -> torch.nn.Module:
+    """A tiny Qwen3.5 (``moe``: Qwen3.5-MoE) with Qwen3-VL's tiny vision tower minus deepstack; ``layer_types``
+    overrides the text layers' (e.g. ``FULL_ATTENTION``)."""
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
+
+    torch.manual_seed(seed)
+    text = dict(QWEN3_5_MOE_TEXT if moe else QWEN3_5_TEXT, **({"layer_types": layer_types} if layer_types else {}))
+    vision = {k: v for k, v in VISION.items() if k != "deepstack_visual_indexes"}
+    config_cls, model_cls = (
+        (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)
+        if moe
+        else (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
+    )
+    return model_cls(config_cls(text_config=text, vision_config=vision, **TOKENS)).eval()
 
 
 def pixel_values(grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:

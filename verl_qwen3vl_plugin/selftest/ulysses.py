@@ -1,5 +1,6 @@
-"""verl's Ulysses path for Qwen3-VL on CPU ranks: the stand-ins it needs there, tiny micro-batches with images, and
-one log-prob forward through verl's own code at a given SP size. Used by the vision DP tests and benchmark.
+"""verl's Ulysses path for Qwen3-VL and Qwen3.5 on CPU ranks: the stand-ins it needs there, tiny micro-batches with
+images, and one log-prob forward through verl's own code at a given SP size. Used by the vision DP tests and
+benchmark.
 
 The stand-ins replace only what cannot run on a CPU, and only in the process that calls ``install_cpu_stand_ins``:
 an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
@@ -59,12 +60,16 @@ def install_cpu_stand_ins() -> None:
     attention_utils._get_attention_functions = lambda: padding
 
 
-def build_model(kind: str, text: dict | None = None, **vision) -> torch.nn.Module:
-    """A seeded tiny Qwen3-VL (``dense``) or Qwen3-VL-MoE (``moe``, whose ``text`` config can be overridden too) set
-    up for verl's flash-attention path."""
-    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl, tiny_qwen3_vl_moe
+def build_model(kind: str, text: dict | None = None, layer_types: list[str] | None = None, **vision) -> torch.nn.Module:
+    """A seeded tiny model set up for verl's flash-attention path: Qwen3-VL (``dense``), Qwen3-VL-MoE (``moe``, whose
+    ``text`` config can be overridden too), Qwen3.5 (``qwen3_5``) or Qwen3.5-MoE (``qwen3_5_moe``), whose
+    ``layer_types`` can be overridden (``tiny_models.FULL_ATTENTION`` for verl's Ulysses path on a CPU)."""
+    from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_5, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
-    built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
+    if kind.startswith("qwen3_5"):
+        built = tiny_qwen3_5(moe=kind == "qwen3_5_moe", layer_types=layer_types)
+    else:
+        built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
     model = randomize(built, seed=0)
     for config in (model.config, model.config.text_config, model.config.vision_config):
         config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention

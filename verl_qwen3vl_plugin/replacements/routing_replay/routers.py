@@ -1,11 +1,12 @@
-"""Replay-aware forwards for the three Qwen3-VL-MoE routers the plugin meets. Each calls upstream's forward
+"""Replay-aware forwards for the four MoE routers the plugin meets. Each calls upstream's forward
 unchanged unless a micro-batch's routes cover it, so replay off is today's numerics bit for bit; under replay it is
 upstream's routing (softmax in fp32, top-k, renormalised over the k, cast as upstream casts) with ``routes.top_k``
 choosing the experts:
 
 - transformers 4.57's ``Qwen3VLMoeTextSparseMoeBlock`` (its gate is a Linear, the block routes): the dense routing
   matrix its experts read, and the router logits, returned as upstream returns them;
-- transformers 5's ``Qwen3VLMoeTextTopKRouter``: (logits, top-k weights, top-k ids);
+- transformers 5's ``Qwen3VLMoeTextTopKRouter`` and ``Qwen3_5MoeTopKRouter`` (one shape): (logits, top-k weights,
+  top-k ids), or (probabilities, ...) where upstream returns those;
 - verl's Ascend ``NPUQwen3VLMoeTextSparseMoeBlock``: the plugin's routing fix (``npu_qwen3_vl_moe_routing``), whose
   top-k already goes through ``routes.top_k``; in training and eval alike, so replay never runs verl 0.7.1's
   mis-weighted training routing. verl 0.7.0's experts read top-k weights in training: they get those.
@@ -47,21 +48,25 @@ def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[t
     return out, router_logits
 
 
-def top_k_router_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """transformers 5's top-k router under replay: (logits, normalised top-k weights, top-k ids)."""
+def top_k_router_replay(
+    self: nn.Module, hidden_states: torch.Tensor, returns_probabilities: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """transformers 5's top-k router under replay: (logits, normalised top-k weights cast to the logits' dtype,
+    top-k ids); ``returns_probabilities``: (fp32 probabilities, fp32 weights, ids), as the older releases return."""
     router_logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
     top_weights, router_indices = routes.top_k(self, probs, self.top_k)
-    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(router_logits.dtype)
-    return router_logits, top_weights, router_indices
+    first = probs if returns_probabilities else router_logits
+    return first, (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(first.dtype), router_indices
 
 
 def patch_sparse_block(module) -> None:
     _replay_aware(module.Qwen3VLMoeTextSparseMoeBlock, sparse_block_replay)
 
 
-def patch_top_k_router(module) -> None:
-    _replay_aware(module.Qwen3VLMoeTextTopKRouter, top_k_router_replay)
+def patch_top_k_router(cls: type, returns_probabilities: bool) -> None:
+    """Qwen3-VL-MoE's or Qwen3.5-MoE's top-k router: the same shape."""
+    _replay_aware(cls, functools.partial(top_k_router_replay, returns_probabilities=returns_probabilities))
 
 
 def npu_top_k_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -110,7 +110,9 @@ def register_router(cls: type) -> None:
 
 
 def slots(model: nn.Module) -> dict[nn.Module, int]:
-    """The model's routers, in layer order, each with its MoE layer ordinal; cached per model.
+    """The model's routers, in layer order, each with its MoE layer ordinal; cached per model. Only MoE layers have
+    a router, so the ordinal counts those (every decoder layer of Qwen3-VL-MoE and Qwen3.5-MoE, gated delta-net or
+    full attention alike).
 
     A router is a module whose forward the plugin made replay-aware (``mark``). A router class whose forward was
     replaced after the plugin patched it (verl's ``apply_monkey_patch`` on transformers <= 4.57.3 sets its own MoE
@@ -129,7 +131,8 @@ def slots(model: nn.Module) -> dict[nn.Module, int]:
     if not routers:
         raise ReplayError(
             f"routing replay is on, but {type(model).__name__} has no MoE router the plugin patched "
-            "(Qwen3-VL-MoE's sparse block or top-k router, or verl's Ascend sparse block); see "
+            "(Qwen3-VL-MoE's sparse block or top-k router, Qwen3.5-MoE's top-k router, or verl's Ascend sparse block); "
+            "see "
             "`verl-qwen3vl-plugin doctor`"
         )
     found = {router: i for i, router in enumerate(routers)}

@@ -1,0 +1,42 @@
+"""The vision towers the vision patches target: Qwen3-VL's and Qwen3.5's share one design (patch embedding, an
+interpolated position table, the blocks, the merger), so each vision patch acts on all four classes alike.
+
+transformers ships ``qwen3_5`` and ``qwen3_5_moe`` from 5.2: where they are not installed, their targets are "not
+used", while a missing Qwen3-VL module stays "unrecognized" (every supported transformers has it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin.registry import Decision, Target, Verdict
+
+VISION_CLASSES = {
+    "transformers.models.qwen3_vl.modeling_qwen3_vl": "Qwen3VLVisionModel",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "Qwen3VLMoeVisionModel",
+    "transformers.models.qwen3_5.modeling_qwen3_5": "Qwen3_5VisionModel",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5MoeVisionModel",
+}
+
+
+def is_qwen3_5(cls_name: str) -> bool:
+    return cls_name.startswith("Qwen3_5")
+
+
+def tower_class(module: ModuleType) -> type:
+    """The vision class of one of the four modeling modules."""
+    return getattr(module, VISION_CLASSES[module.__name__])
+
+
+def no_qwen3_5() -> Decision:
+    return Decision(Verdict.NOT_USED, "no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)")
+
+
+def vision_targets(decide: Callable[[str, object], Decision], apply: Callable[[ModuleType], None]) -> tuple:
+    """One target per vision class, judged by ``decide(class name, module tree)``."""
+    return tuple(
+        Target(module, lambda tree, cls_name=cls_name: decide(cls_name, tree), apply,
+               no_qwen3_5 if is_qwen3_5(cls_name) else None)
+        for module, cls_name in VISION_CLASSES.items()
+    )  # fmt: skip
