@@ -19,6 +19,7 @@ VERL = dist_version("verl")
 TRANSFORMERS = dist_version("transformers")
 DISCOVERS_PLUGINS = verl_discovers_plugins()
 POS_EMBED_USED = TRANSFORMERS.release < (5, 9)  # transformers >= 5.9 no longer calls fast_pos_embed_interpolate
+QWEN3_5 = VERL.release >= (0, 8) and TRANSFORMERS.release >= (5, 2)  # verl's qwen3_5 forward, transformers' models
 CHILD = Path(__file__).resolve().parent / "_child"
 ROOT = CHILD.parents[1]
 PLUGIN_SWITCHES = ("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN")

@@ -1,6 +1,8 @@
-"""Routing replay through verl's own actor (0.7.x) or FSDP engine (>= 0.8) on a tiny Qwen3-VL-MoE with images.
+"""Routing replay through verl's own actor (0.7.x) or FSDP engine (>= 0.8) on a tiny Qwen3-VL-MoE with images (or,
+``single qwen3_5_moe``, a tiny Qwen3.5-MoE: a gated delta-net layer, then a full-attention one, both MoE).
 
-    routing_replay.py single   one process: R3, R2, the gate's gradient, dynamic batches, checkpointing, bad input
+    routing_replay.py single [moe|qwen3_5_moe]
+                               one process: R3, R2, the gate's gradient, dynamic batches, checkpointing, bad input
     routing_replay.py control  one process, run with the patch disabled: replay off's numbers, and whether R3 replays
     routing_replay.py ranks    two gloo ranks, FSDP2, different data per rank (R3); then SP = 2 against SP = 1
 
@@ -36,8 +38,8 @@ def error_of(call):
     return None
 
 
-def single():
-    model, batch = replay.build(), replay.batch_of()
+def single(kind):
+    model, batch = replay.build(kind), replay.batch_of()
     mask = batch["attention_mask"]
     out = {}
     record, rollout_lp = replay.rollout_stand_in(model, batch, SMALL)
@@ -195,10 +197,10 @@ def one_rank_group():
 if __name__ == "__main__":
     import verl  # noqa: F401  (the plugin activates here, as in a user's worker)
 
-    part = sys.argv[1]
+    part, *kind = sys.argv[1:]
     if part == "ranks":
         print(json.dumps(on_two_ranks(on_rank, timeout=900)))
     else:
         install_cpu_stand_ins()
         one_rank_group()
-        print(json.dumps(single() if part == "single" else control()))
+        print(json.dumps(single(*kind or ["moe"]) if part == "single" else control()))

@@ -1,6 +1,6 @@
 """verl's own actor forward with Ulysses SP = 2 on two CPU ranks (gloo), against SP = 1 on the same batch and weights.
 
-    ulysses_actor.py dense|moe CASE[,CASE...] none|fsdp2|fsdp2_offload [shuffled]
+    ulysses_actor.py dense|moe|qwen3_5|qwen3_5_moe CASE[,CASE...] none|fsdp2|fsdp2_offload [shuffled]
 
 On each rank: ``DataParallelPPOActor._forward_micro_batch`` (verl 0.7.x; on verl >= 0.8 the FSDP engine's
 ``forward_step``) with remove-padding after verl's ``apply_monkey_patch(model, ulysses_sp_size=2)``, first with no
@@ -8,7 +8,8 @@ Ulysses group (SP = 1), then with ``set_ulysses_sequence_parallel_group`` on bot
 random weights on the log-probs and entropies. Prints one JSON list (per rank, per case): the largest differences
 of log-probs, entropies and gradients (averaged over the ranks, as FSDP reduces them), and the patch rows that
 entered ``patch_embed`` in each tower call. ``shuffled``: the plugin's gather returns the ranks' blocks in reverse
-order (the negative control).
+order (the negative control). Qwen3.5 has full-attention layers only here: verl's Ulysses path for its gated
+delta-net layers needs flash-linear-attention's context-parallel kernel, which has no CPU build (``tiny_models``).
 
 CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` (the package's testing code) names them.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
+from verl_qwen3vl_plugin.selftest.tiny_models import FULL_ATTENTION
 from verl_qwen3vl_plugin.selftest.ulysses import (
     boundary_inside_image,
     build_model,
@@ -78,7 +80,7 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
             return torch.cat(blocks[::-1])
 
         vision_dp.gather_rows = reversed_gather
-    model = build_model(kind)
+    model = build_model(kind, layer_types=FULL_ATTENTION if kind.startswith("qwen3_5") else None)
     apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)  # once: it wraps
     if fsdp != "none":
         shard(model, offload=fsdp == "fsdp2_offload")

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.helpers import child_json, judge, source_text
+from verl_qwen3vl_plugin import vision_towers
 from verl_qwen3vl_plugin.patches import qwen3_vl_vision_dp as spec
 from verl_qwen3vl_plugin.registry import Verdict
 from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
@@ -19,7 +20,11 @@ VERL_SOURCE = source_text(spec.VERL_MONKEY_PATCH)
 
 @pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
 def test_installed_sources_apply(target):
-    verdict, reason = judge(spec.PATCH, target, source_text(target.module))
+    source = source_text(target.module)
+    verdict, reason = judge(spec.PATCH, target, source)
+    if source is None:  # Qwen3.5 on transformers < 5.2
+        assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
+        return
     assert verdict is Verdict.APPLY, reason
     assert spec.VERL_SLICER in reason
 
@@ -30,26 +35,33 @@ def test_installed_sources_apply(target):
         ("grid_thw: torch.Tensor, **kwargs", "grid_thw: torch.Tensor, cu_seqlens, **kwargs"),
         ("return hidden_states, deepstack_feature_lists", "return hidden_states"),
         ("return BaseModelOutputWithDeepstackFeatures(", "return BaseModelOutputWithPooling("),
+        ("return BaseModelOutputWithPooling(", "return BaseModelOutputWithDeepstackFeatures("),
     ],
-    ids=["signature", "4.57 return", "5.x return"],
+    ids=["signature", "4.57 return", "5.x return", "qwen3_5 return"],
 )
-def test_edited_vision_forward_is_unrecognized(edit):
-    target = spec.PATCH.targets[0]
+@pytest.mark.parametrize("family", [0, 2], ids=["qwen3_vl", "qwen3_5"])
+def test_edited_vision_forward_is_unrecognized(edit, family):
+    target = spec.PATCH.targets[family]
     source = source_text(target.module)
-    if edit[0] not in source:
-        pytest.skip(f"this transformers has no {edit[0]!r}")
+    forward = source and source[source.index(f"class {vision_towers.VISION_CLASSES[target.module]}(") :]
+    if not forward or edit[0] not in forward:
+        pytest.skip(f"this transformers' {target.module} has no {edit[0]!r}")
+    source = source.replace(forward, forward.replace(*edit, 1))
     verdict, reason = judge(spec.PATCH, target, source.replace(*edit))
     assert verdict is Verdict.UNRECOGNIZED, reason
 
 
-def test_verl_slicing_before_the_tower_is_unrecognized():
-    """The premise: without verl's slicing at the language model, ranks may hold different images."""
-    assert spec.decide_verl(ast.parse(VERL_SOURCE)).verdict is Verdict.APPLY
-    edited = VERL_SOURCE.replace(f"{spec.VERL_SLICER}(Qwen3VL", "print(Qwen3VL")
-    assert edited != VERL_SOURCE
-    verdict, reason = spec.decide_verl(ast.parse(edited))
-    assert verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in reason
-    assert spec.decide_verl(None).verdict is Verdict.UNRECOGNIZED
+@pytest.mark.parametrize("family, prefix", [("Qwen3-VL", "Qwen3VL"), ("Qwen3.5", "Qwen3_5")])
+def test_verl_slicing_before_the_tower_is_unrecognized(family, prefix):
+    """The premise: without verl's slicing at the language model, ranks may hold different images. Each family's
+    own slicing counts: Qwen3.5's tower is not covered by verl slicing Qwen3-VL."""
+    if f"{spec.VERL_SLICER}({prefix}" not in VERL_SOURCE:
+        pytest.skip(f"this verl has no {family}")
+    assert spec.decide_verl(ast.parse(VERL_SOURCE), family).verdict is Verdict.APPLY
+    edited = VERL_SOURCE.replace(f"{spec.VERL_SLICER}({prefix}", f"print({prefix}")
+    verdict, reason = spec.decide_verl(ast.parse(edited), family)
+    assert verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in reason and family in reason
+    assert spec.decide_verl(None, family).verdict is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.parametrize(

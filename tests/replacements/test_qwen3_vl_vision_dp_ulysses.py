@@ -4,13 +4,14 @@ verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch`` with remove-padding af
 ulysses_sp_size=2)``; verl 0.8 / 0.9 (no such actor): the FSDP engine's own ``FSDPEngineWithLMHead.forward_step``
 (``verl_qwen3vl_plugin.selftest.ulysses`` names the CPU stand-ins). Each rank's tower must see only its share of the
 patches, every rank must make the same tower calls, and log-probs, entropies and gradients must match SP = 1.
+Qwen3.5 and Qwen3.5-MoE (verl >= 0.8, transformers >= 5.2) too.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import VERL, child_json
+from tests.helpers import QWEN3_5, VERL, child_json
 from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
 from verl_qwen3vl_plugin.selftest.tiny_models import VISION
 
@@ -70,6 +71,15 @@ def test_dense_sp2_with_vision_dp_matches_sp1(dense_results, case):
 @pytest.mark.parametrize("kind, fsdp", [("moe", "none"), ("dense", "fsdp2"), ("moe", "fsdp2_offload")])
 def test_moe_and_under_fsdp2_on_the_two_ranks(kind, fsdp):
     cases = ["mixed", "fewer_images"]
+    results = run(kind, cases, fsdp)
+    for case in cases:
+        check_case(results, case)
+
+
+@pytest.mark.skipif(not QWEN3_5, reason="Qwen3.5 needs verl >= 0.8 and transformers >= 5.2")
+@pytest.mark.parametrize("kind, fsdp", [("qwen3_5", "none"), ("qwen3_5_moe", "fsdp2")])
+def test_qwen3_5_sp2_with_vision_dp_matches_sp1(kind, fsdp):
+    cases = ["mixed", "video"]
     results = run(kind, cases, fsdp)
     for case in cases:
         check_case(results, case)

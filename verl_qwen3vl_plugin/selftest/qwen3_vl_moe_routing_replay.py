@@ -1,6 +1,7 @@
 """Checks of the ``qwen3_vl_moe_routing_replay`` patch, through verl's own code: verl 0.7's
 ``DataParallelPPOActor.compute_log_prob`` / ``update_policy``, or verl >= 0.8's ``FSDPEngine.forward_backward_batch``
-(``ulysses.engine_for``), on a tiny Qwen3-VL-MoE with images.
+(``ulysses.engine_for``), on a tiny Qwen3-VL-MoE with images, and on a tiny Qwen3.5-MoE (a gated delta-net layer,
+then a full-attention one, both MoE) where verl and transformers have it.
 
 The rollout stand-in is the same model with perturbed weights, run through the same verl forward with replay off;
 the experts each of its MoE layers is handed (a hook on the experts module, not the plugin's record) are packed as
@@ -78,13 +79,14 @@ def last_tokens(mask: torch.Tensor) -> torch.Tensor:
     return last
 
 
-def build() -> nn.Module:
-    """The tiny model after verl's ``apply_monkey_patch`` (its attention and Ulysses wrappers, SP up to 2)."""
+def build(kind: str = "moe") -> nn.Module:
+    """The tiny model (``moe``: Qwen3-VL-MoE, ``qwen3_5_moe``: Qwen3.5-MoE) after verl's ``apply_monkey_patch`` (its
+    attention and Ulysses wrappers, SP up to 2)."""
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     from verl_qwen3vl_plugin.selftest.ulysses import build_model
 
-    model = build_model("moe", text=TEXT)
+    model = build_model(kind, text=TEXT)
     apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)
     return model
 
@@ -281,9 +283,19 @@ def routes_of(model: nn.Module, batch: dict, **kwargs) -> tuple[dict, torch.Tens
     return result, in_batch_layout(per_layer, batch["attention_mask"])
 
 
-def run_checks() -> list[Check]:
+def has_qwen3_5_moe() -> bool:
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(m) is not None
+        for m in ("transformers.models.qwen3_5_moe", "verl.models.transformers.qwen3_5")
+    )
+
+
+def run_checks(kind: str = "moe") -> list[Check]:
     """R3 replays the rollout's routes exactly, and R2's update replays its record bit for bit."""
-    model = build()
+    label = "" if kind == "moe" else " (Qwen3.5-MoE)"
+    model = build(kind)
     batch = batch_of()
     mask = batch["attention_mask"]
     record, rollout_lp = rollout_stand_in(model, batch)
@@ -294,7 +306,7 @@ def run_checks() -> list[Check]:
     dlp = [float((r["log_probs"] - rollout_lp).abs().mean()) for r in (off, r3)]
     checks = [
         Check(
-            "R3 routes every recorded token as the rollout did",
+            f"R3 routes every recorded token as the rollout did{label}",
             replayed == 0.0 and before > 0,
             f"tokens routed unlike the rollout: {before:.0%} with replay off, {replayed:.0%} with R3; "
             f"mean |log p - rollout log p| {dlp[0]:.2e} off, {dlp[1]:.2e} R3",
@@ -304,7 +316,9 @@ def run_checks() -> list[Check]:
     own = chosen_off.clamp(min=0).to(torch.int16)
     real = mask.bool().unsqueeze(-1).unsqueeze(-1)
     same_as_own = r2["recorded"] is not None and torch.equal(r2["recorded"] * real, own * real)
-    checks.append(Check("R2 records the routes the model took", same_as_own, "old-log-prob pass against a hook"))
+    checks.append(
+        Check(f"R2 records the routes the model took{label}", same_as_own, "old-log-prob pass against a hook")
+    )
     return checks
 
 
@@ -325,7 +339,7 @@ def checks_here() -> list[Check]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return run_checks()
+    return run_checks() + (run_checks("qwen3_5_moe") if has_qwen3_5_moe() else [])
 
 
 def run() -> list[Check]:

@@ -3,7 +3,8 @@ group, the plugin's split forward against upstream's whole forward on every imag
 
 Each rank must see only its share of the patches, the gathered embeddings and deepstack features must match
 upstream's, and the parameter gradients averaged over the two ranks (as FSDP reduces them) must match upstream's.
-Ranks given different images must both raise the split's clear error.
+Ranks given different images must both raise the split's clear error. Where transformers has Qwen3.5, a Qwen3.5
+tower (no deepstack features, a pooling output) gets two of the cases too.
 """
 
 from __future__ import annotations
@@ -23,19 +24,36 @@ CASES = {
 }
 
 
-def _towers():
-    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+QWEN3_5_CASES = ("three images", "a video")
 
+
+def _has_qwen3_5() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers.models.qwen3_5") is not None  # transformers >= 5.2
+
+
+def _towers(family: str = "qwen3_vl"):
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION, randomize
 
+    if family == "qwen3_5":
+        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig as Config
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel as Model
+
+        config = {k: v for k, v in VISION.items() if k != "deepstack_visual_indexes"}
+    else:
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig as Config
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel as Model
+
+        config = VISION
+
     def tower():
-        return randomize(Qwen3VLVisionModel(Qwen3VLVisionConfig(**VISION)), seed=0)
+        return randomize(Model(Config(**config)), seed=0)
 
-    return Qwen3VLVisionModel, tower
+    return Model, tower
 
 
-def compare(grid: list[list[int]]) -> dict:
+def compare(grid: list[list[int]], family: str = "qwen3_vl") -> dict:
     """On a rank of an initialised 2-rank group: the split forward against upstream's, and patch counts."""
     import torch.distributed as dist
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
@@ -43,7 +61,7 @@ def compare(grid: list[list[int]]) -> dict:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import split_output, vision_dp_forward
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
-    cls, tower = _towers()
+    cls, tower = _towers(family)
     upstream = getattr(cls.forward, "__wrapped__", cls.forward)
     grid_thw, pixels = torch.tensor(grid), pixel_values(torch.tensor(grid))
     weights = None
@@ -103,7 +121,10 @@ def mismatch(rank: int) -> str:
 
 
 def _compare_cases(rank: int) -> dict:
-    return {**{name: compare(grid) for name, grid in CASES.items()}, "mismatch": mismatch(rank)}
+    results = {name: compare(grid) for name, grid in CASES.items()}
+    if _has_qwen3_5():
+        results.update({f"{name} (qwen3_5)": compare(CASES[name], "qwen3_5") for name in QWEN3_5_CASES})
+    return {**results, "mismatch": mismatch(rank)}
 
 
 def run() -> list[Check]:
@@ -116,7 +137,10 @@ def run() -> list[Check]:
     if errors:
         return [Check("vision DP on 2 ranks", False, errors[0].strip().splitlines()[-1])]
     checks = []
-    for name, grid in CASES.items():
+    cases = [(name, grid) for name, grid in CASES.items()]
+    if _has_qwen3_5():
+        cases += [(f"{name} (qwen3_5)", CASES[name]) for name in QWEN3_5_CASES]
+    for name, grid in cases:
         patches = [t * h * w for t, h, w in grid]
         shares = [sum(patches[s:e]) for s, e in assign(patches, 2)]
         dummy = VISION["spatial_merge_size"] ** 2  # what a rank without an image runs

@@ -104,9 +104,9 @@ def tiny_qwen3_vl_moe(seed: int = 0, vision: dict | None = None, **text: int) ->
     return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(vision, **text)).eval()
 
 
-def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None = None) -> torch.nn.Module:
+def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None = None, **text) -> torch.nn.Module:
     """A tiny Qwen3.5 (``moe``: Qwen3.5-MoE) with Qwen3-VL's tiny vision tower minus deepstack; ``layer_types``
-    overrides the text layers' (e.g. ``FULL_ATTENTION``)."""
+    overrides the text layers' (e.g. ``FULL_ATTENTION``), ``text`` the rest of the text config."""
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
@@ -115,7 +115,11 @@ def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None
     )
 
     torch.manual_seed(seed)
-    text = dict(QWEN3_5_MOE_TEXT if moe else QWEN3_5_TEXT, **({"layer_types": layer_types} if layer_types else {}))
+    text = {
+        **(QWEN3_5_MOE_TEXT if moe else QWEN3_5_TEXT),
+        **({"layer_types": layer_types} if layer_types else {}),
+        **text,
+    }
     vision = {k: v for k, v in VISION.items() if k != "deepstack_visual_indexes"}
     config_cls, model_cls = (
         (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)

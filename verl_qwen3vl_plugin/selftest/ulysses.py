@@ -11,6 +11,7 @@ would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks 
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -61,13 +62,13 @@ def install_cpu_stand_ins() -> None:
 
 
 def build_model(kind: str, text: dict | None = None, layer_types: list[str] | None = None, **vision) -> torch.nn.Module:
-    """A seeded tiny model set up for verl's flash-attention path: Qwen3-VL (``dense``), Qwen3-VL-MoE (``moe``, whose
-    ``text`` config can be overridden too), Qwen3.5 (``qwen3_5``) or Qwen3.5-MoE (``qwen3_5_moe``), whose
-    ``layer_types`` can be overridden (``tiny_models.FULL_ATTENTION`` for verl's Ulysses path on a CPU)."""
+    """A seeded tiny model set up for verl's flash-attention path: Qwen3-VL (``dense``), Qwen3-VL-MoE (``moe``),
+    Qwen3.5 (``qwen3_5``) or Qwen3.5-MoE (``qwen3_5_moe``). ``text`` overrides the MoE text configs; ``layer_types``
+    Qwen3.5's (``tiny_models.FULL_ATTENTION`` for verl's Ulysses path on a CPU)."""
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_5, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
     if kind.startswith("qwen3_5"):
-        built = tiny_qwen3_5(moe=kind == "qwen3_5_moe", layer_types=layer_types)
+        built = tiny_qwen3_5(moe=kind == "qwen3_5_moe", layer_types=layer_types, **(text or {}))
     else:
         built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
     model = randomize(built, seed=0)
@@ -199,6 +200,9 @@ def engine_for(model: torch.nn.Module, sp: int, **config):
     engine = transformer_impl.FSDPEngineWithLMHead.__new__(transformer_impl.FSDPEngineWithLMHead)
     engine.module, engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size = model, sp > 1, sp
     engine.pad_to_length, engine._autocast_dtype = False, torch.float32
+    # verl >= 0.9 sets this while building the model: a forward that takes cu_seqlens (Qwen3.5's, for its gated
+    # delta-net layers) gets the packed sequences' boundaries.
+    engine.pass_packed_cu_seqlens = "cu_seqlens" in inspect.signature(model.forward).parameters
     engine.engine_config = SimpleNamespace(
         entropy_checkpointing=False, entropy_from_logits_with_chunking=False, **config
     )
