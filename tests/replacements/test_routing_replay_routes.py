@@ -70,3 +70,40 @@ def test_mode_of_every_config_form(config, mode):
 def test_an_unknown_mode_is_an_error():
     with pytest.raises(routes.ReplayError, match="router_replay.mode='R4'"):
         routes.mode_of({"router_replay": {"mode": "R4"}})
+
+
+TOP_K_ROUTERS = {  # transformers 5's top-k routers: Qwen3-VL-MoE's and Qwen3.5-MoE's (transformers >= 5.2)
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "Qwen3VLMoeTextTopKRouter",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5MoeTopKRouter",
+}
+
+
+@pytest.mark.parametrize("module, cls_name", TOP_K_ROUTERS.items(), ids=list(TOP_K_ROUTERS.values()))
+def test_replaying_a_routers_own_routes_returns_what_upstream_returns_in_bf16(module, cls_name):
+    """The replay forward casts as each release does (transformers 5.3 returns the fp32 probabilities and fp32
+    weights, newer releases the logits and weights in their dtype): replaying the router's own top-k is upstream's
+    forward, bit for bit, dtypes included."""
+    import importlib
+
+    from verl_qwen3vl_plugin import compat
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import _forward, returns_probabilities
+    from verl_qwen3vl_plugin.replacements.routing_replay.routers import top_k_router_replay
+    from verl_qwen3vl_plugin.selftest.tiny_models import QWEN3_5_MOE_TEXT
+
+    tree = compat.tree(module)
+    if tree is None or compat.find_class(tree, cls_name) is None:
+        pytest.skip(f"no {cls_name} in this transformers")
+    config = type("Config", (), dict(QWEN3_5_MOE_TEXT, num_experts=8))
+    router = getattr(importlib.import_module(module), cls_name)(config).bfloat16()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.normal_(generator=generator)
+    hidden = torch.randn(2, 5, QWEN3_5_MOE_TEXT["hidden_size"], generator=generator).bfloat16()
+    expected = type(router).forward(router, hidden)
+    routes.begin(routes.Routes({router: 0}, expected[2].unsqueeze(1).to(torch.int16)))
+    try:
+        replayed = top_k_router_replay(router, hidden, returns_probabilities(_forward(tree, cls_name)))
+    finally:
+        routes.begin(None)
+    for ours, theirs in zip(replayed, expected, strict=True):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
