@@ -16,10 +16,16 @@ from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
 PATCHES_BY_NAME = [p.name for p in PATCHES]
 ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
+QWEN3_5_TF = TRANSFORMERS.release >= (5, 2)  # transformers ships qwen3_5 and qwen3_5_moe from 5.2
+QWEN3_5_VISION = (
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+)
 EXPECTED_VERDICTS = {
     "qwen3_vl_pos_embed": {
         "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply" if POS_EMBED_USED else "not_used",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply" if POS_EMBED_USED else "not_used",
+        **dict.fromkeys(QWEN3_5_VISION, "apply" if QWEN3_5_TF and POS_EMBED_USED else "not_used"),
         "verl.models.transformers.monkey_patch": "apply",  # wrapped on every verl: right whether it sets one or not
     },
     "qwen3_vl_moe_sparse_experts": {
@@ -27,10 +33,14 @@ EXPECTED_VERDICTS = {
         if TRANSFORMERS.major < 5
         else "fixed_upstream",
     },
-    "qwen3_vl_single_vision_call": {"verl.models.transformers.qwen3_vl": "apply"},  # verl 0.7.0 to 0.9.1
-    "qwen3_vl_vision_dp": {  # verl 0.7.0 to 0.9.1 all slice Qwen3-VL inputs after the tower
+    "qwen3_vl_single_vision_call": {  # verl 0.7.0 to 0.9.1; Qwen3.5 from verl 0.8
+        "verl.models.transformers.qwen3_vl": "apply",
+        "verl.models.transformers.qwen3_5": "apply" if VERL.release >= (0, 8) else "not_used",
+    },
+    "qwen3_vl_vision_dp": {  # verl 0.7.0 to 0.9.1 all slice Qwen3-VL inputs after the tower, 0.8 to 0.9.1 Qwen3.5's
         "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply",
+        **dict.fromkeys(QWEN3_5_VISION, "apply" if QWEN3_5_TF else "not_used"),
     },
     "dp_actor_dynamic_batch_sync": dict.fromkeys(
         ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
@@ -43,6 +53,9 @@ EXPECTED_VERDICTS = {
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextTopKRouter.forward": "not_used"
         if TRANSFORMERS.major < 5
         else "apply",
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe:Qwen3_5MoeTopKRouter.forward": "apply"
+        if QWEN3_5_TF
+        else "not_used",
         "verl.models.transformers.npu_patch:NPUQwen3VLMoeTextSparseMoeBlock.forward": "apply",
         **dict.fromkeys(
             ("verl.workers.actor.dp_actor", "verl.workers.fsdp_workers:ActorRolloutRefWorker.compute_log_prob"),
@@ -170,14 +183,20 @@ def test_says_whether_routing_replay_is_available_and_how(plain_json):
 
 
 def test_routing_replay_unavailable_says_why():
-    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH, availability
+    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay
 
-    labels = [t.label for t in PATCH.targets]
-    no_router = dict.fromkeys(labels, "apply") | dict.fromkeys(labels[:3], "unrecognized")
-    assert "no Qwen3-VL-MoE router" in availability(no_router)
+    labels = [t.label for t in replay.PATCH.targets]
+    routers = [
+        t.label
+        for t in replay.PATCH.targets
+        if t.module in (replay.MODELING, replay.QWEN3_5_MODELING, replay.NPU_PATCH)
+    ]
+    no_router = dict.fromkeys(labels, "apply") | dict.fromkeys(routers, "unrecognized")
+    assert "no Qwen3-VL-MoE or Qwen3.5-MoE router" in replay.availability(no_router)
+    assert "available" in replay.availability(no_router | {routers[2]: "apply"})  # Qwen3.5-MoE's alone
     no_path = dict.fromkeys(labels, "unrecognized") | {labels[1]: "apply"}
-    assert "neither verl's legacy FSDP actor nor its FSDP engine" in availability(no_path)
-    assert "disabled" in availability(dict.fromkeys(labels, "disabled"))
+    assert "neither verl's legacy FSDP actor nor its FSDP engine" in replay.availability(no_path)
+    assert "disabled" in replay.availability(dict.fromkeys(labels, "disabled"))
 
 
 def test_selftest_runs_every_patch_and_passes():

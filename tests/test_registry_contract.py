@@ -129,3 +129,19 @@ def test_each_upstream_module_is_parsed_once_per_process(monkeypatch):
     present = {t.module for p in PATCHES for t in p.targets if compat.module_path(t.module) is not None}
     assert len(texts) >= len(present)
     assert len(texts) == len(set(texts))
+
+
+QWEN3_5_TARGETS = [(p, t) for p in PATCHES for t in p.targets if "qwen3_5" in t.module]
+
+
+@pytest.mark.parametrize("patch, target", QWEN3_5_TARGETS, ids=[f"{p.name}-{t.label}" for p, t in QWEN3_5_TARGETS])
+def test_a_stack_without_qwen3_5_reads_not_used_for_its_targets(patch: Patch, target):
+    """transformers < 5.2 and verl < 0.8 have no Qwen3.5: its targets are "not used" there, saying why, while a
+    missing Qwen3-VL module stays "unrecognized" (fails closed)."""
+    from tests.helpers import judge
+    from verl_qwen3vl_plugin.registry import Verdict
+
+    verdict, reason = judge(patch, target, None)
+    assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
+    qwen3_vl = target._replace(module=target.module.replace("qwen3_5", "qwen3_vl"), absent=None)
+    assert judge(patch, qwen3_vl, None).verdict is Verdict.UNRECOGNIZED

@@ -120,7 +120,7 @@ def test_synthesized_vision_sources():
 
 
 def test_synthesized_monkey_patch_sources():
-    target = POS.targets[2]
+    target = POS.targets[-1]  # verl's monkey_patch
     assert judge(POS, target, "def other():\n    pass\n")[0] is Verdict.UNRECOGNIZED
     # verl 0.7 sets none; the wrapper, which only puts the plugin's back afterwards, is right there too.
     assert judge(POS, target, "def apply_monkey_patch(model):\n    pass\n")[0] is Verdict.APPLY
