@@ -7,6 +7,7 @@ per fresh process: the resident-set high-water mark (``VmHWM``, reset through ``
 resident set before the call, less the output itself, relative to the output's size.
 
     python benchmarks/pos_embed.py [--repeats 3] [--threads 1] [--plot docs/performance.png] [--json results.json]
+    python benchmarks/pos_embed.py --family qwen3_5   # a Qwen3.5 tower, against Qwen3.5's verl and transformers copies
     python benchmarks/pos_embed.py --sweep-steps 16 17 18 19    # the step-size study
 """
 
@@ -32,6 +33,7 @@ CASES = {
     "1 image 128x128": lambda: [[1, 128, 128]],
 }
 PLOT_IMAGES = (4, 16, 64, 256)
+FAMILY = "qwen3_vl"  # the tower and upstream copies measured: qwen3_vl, or qwen3_5 (--family)
 
 
 def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
@@ -42,15 +44,19 @@ def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
 
 def implementations() -> dict[str, Callable]:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import qwen3_5_references, references
 
-    return {"plugin": fast_pos_embed_interpolate, **references()}
+    upstream = qwen3_5_references() if FAMILY == "qwen3_5" else references()
+    return {
+        "plugin": fast_pos_embed_interpolate,
+        **{name.removesuffix(" qwen3_5"): fn for name, fn in upstream.items()},
+    }
 
 
 def tower(hidden: int, dtype: torch.dtype):
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
-    return vision_tower(hidden=hidden, dtype=dtype)
+    return vision_tower(hidden=hidden, dtype=dtype, family=FAMILY)
 
 
 def run_once(fn: Callable, model, grid: torch.Tensor, backward: bool, grad_out: torch.Tensor | None) -> float:
@@ -105,7 +111,14 @@ def _status_kb(field: str) -> int:
 
 
 def peak_memory(impl: str, case: str, hidden: int, dtype: str, backward: bool, threads: int) -> float:
-    args = [sys.executable, __file__, "--memory-child", json.dumps([impl, case, hidden, dtype, backward])]
+    args = [
+        sys.executable,
+        __file__,
+        "--family",
+        FAMILY,
+        "--memory-child",
+        json.dumps([impl, case, hidden, dtype, backward]),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
@@ -125,8 +138,11 @@ def main() -> None:
         "--sweep-steps", type=int, nargs="+", metavar="LOG2",
         help="instead: time the plugin's forward in steps of 2^LOG2 elements each, against verl, alternating",
     )  # fmt: skip
+    parser.add_argument("--family", choices=["qwen3_vl", "qwen3_5"], default="qwen3_vl")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global FAMILY
+    FAMILY = args.family
     torch.set_num_threads(args.threads)
     if args.memory_child:
         print(peak_memory_child(*json.loads(args.memory_child)))
@@ -138,7 +154,8 @@ def main() -> None:
         return
     upstream = [name for name in impls if name != "plugin"]
     capability = torch.backends.cpu.get_cpu_capability()
-    print(f"torch {torch.__version__}, {args.threads} thread(s), CPU {capability}, median of {args.repeats}")
+    print(f"{FAMILY} tower; torch {torch.__version__}, {args.threads} thread(s), CPU {capability}", end="")
+    print(f", median of {args.repeats}")
     print(f"ratios: upstream time / plugin time, upstream = {', '.join(upstream)}")
     header = f"{'case':20} {'hidden':>6} {'dtype':9} {'pass':8} {'plugin s':>9} " + " ".join(
         f"{name + ' s':>13} {'x vs ' + name:>16}" for name in upstream

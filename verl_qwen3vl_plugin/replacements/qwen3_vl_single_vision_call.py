@@ -40,17 +40,17 @@ def _check_counts(kind: str, tokens: int, features: int) -> None:
         )
 
 
-def _embed(
+def get_input_embeds(
     model: nn.Module,
     input_ids: torch.LongTensor,
-    attention_mask: torch.Tensor | None,
-    pixel_values: torch.FloatTensor | None,
-    pixel_values_videos: torch.FloatTensor | None,
-    image_grid_thw: torch.LongTensor | None,
-    video_grid_thw: torch.LongTensor | None,
+    attention_mask: torch.Tensor | None = None,
+    pixel_values: torch.FloatTensor | None = None,
+    pixel_values_videos: torch.FloatTensor | None = None,
+    image_grid_thw: torch.LongTensor | None = None,
+    video_grid_thw: torch.LongTensor | None = None,
 ) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
-    """Both families' embedding with exactly one ``model.visual`` call: Qwen3-VL's four outputs (Qwen3.5 returns
-    the first two of them)."""
+    """verl's Qwen3-VL ``_get_input_embeds`` contract (same arguments, same four outputs, same token-count errors),
+    with exactly one ``model.visual`` call."""
     inputs_embeds = model.get_input_embeddings()(input_ids)
     config, visual = model.config, model.visual
     media = [
@@ -103,29 +103,8 @@ def _embed(
     }
 
 
-def get_input_embeds(
-    model: nn.Module,
-    input_ids: torch.LongTensor,
-    attention_mask: torch.Tensor | None = None,
-    pixel_values: torch.FloatTensor | None = None,
-    pixel_values_videos: torch.FloatTensor | None = None,
-    image_grid_thw: torch.LongTensor | None = None,
-    video_grid_thw: torch.LongTensor | None = None,
-) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
-    """verl's Qwen3-VL ``_get_input_embeds`` contract (same arguments, same four outputs, same token-count errors),
-    with exactly one ``model.visual`` call."""
-    return _embed(model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)
-
-
-def get_input_embeds_qwen3_5(
-    model: nn.Module,
-    input_ids: torch.LongTensor,
-    attention_mask: torch.Tensor | None = None,
-    pixel_values: torch.FloatTensor | None = None,
-    pixel_values_videos: torch.FloatTensor | None = None,
-    image_grid_thw: torch.LongTensor | None = None,
-    video_grid_thw: torch.LongTensor | None = None,
-) -> dict[str, torch.Tensor | None]:
-    """verl's Qwen3.5 ``_get_input_embeds`` contract (its two outputs), with exactly one ``model.visual`` call."""
-    out = _embed(model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)
+def get_input_embeds_qwen3_5(*args, **kwargs) -> dict[str, torch.Tensor | None]:
+    """verl's Qwen3.5 ``_get_input_embeds`` contract: the same arguments, its two outputs (Qwen3.5's tower has no
+    deepstack features)."""
+    out = get_input_embeds(*args, **kwargs)
     return {"inputs_embeds": out["inputs_embeds"], "attention_mask": out["attention_mask"]}
