@@ -37,7 +37,9 @@ def tests(session: nox.Session, stack: str) -> None:
     """The suite on an editable install (so the start-up hook is tested in that mode too); on the main stack, then
     the built wheel in the same venv (one venv build fewer in CI)."""
     session.install(TORCH, *STACKS[stack], "-e", ".[test]")
-    session.run("pytest", "-m", "not fake_npu and not wheel", *session.posargs)
+    # Two pytest workers, a test file each at a time (its module fixtures run once): most tests wait on child
+    # processes or on two gloo ranks of one thread, so the 2-core machines run the suite about 1.8x faster.
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "-m", "not fake_npu and not wheel", *session.posargs)
     # verl's npu_patch rewires transformers for the rest of its process: it gets a process of its own.
     session.run("pytest", "-m", "fake_npu", *session.posargs)
     if stack == MAIN_STACK:
