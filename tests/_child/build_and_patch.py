@@ -2,7 +2,6 @@
 own ``apply_monkey_patch`` and run their vision towers; prints whether the plugin's interpolation is the one in
 effect, and the statuses."""
 
-import importlib.util
 import json
 
 import torch
@@ -11,12 +10,18 @@ from verl.models.transformers.monkey_patch import apply_monkey_patch
 
 import verl_qwen3vl_plugin as plugin
 from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values, tiny_qwen3_5, tiny_qwen3_vl, tiny_qwen3_vl_moe
+from verl_qwen3vl_plugin.selftest.tiny_models import (
+    has_qwen3_5,
+    pixel_values,
+    tiny_qwen3_5,
+    tiny_qwen3_vl,
+    tiny_qwen3_vl_moe,
+)
 
 result = {}
 grid = torch.tensor([[1, 4, 6], [2, 8, 4]])
 builds = {"dense": tiny_qwen3_vl, "moe": tiny_qwen3_vl_moe}
-if importlib.util.find_spec("transformers.models.qwen3_5") is not None:  # transformers >= 5.2
+if has_qwen3_5():
     builds.update(qwen3_5=tiny_qwen3_5, qwen3_5_moe=lambda: tiny_qwen3_5(moe=True))
 for name, build in builds.items():
     model = build()

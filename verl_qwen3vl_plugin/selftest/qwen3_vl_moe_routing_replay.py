@@ -283,15 +283,6 @@ def routes_of(model: nn.Module, batch: dict, **kwargs) -> tuple[dict, torch.Tens
     return result, in_batch_layout(per_layer, batch["attention_mask"])
 
 
-def has_qwen3_5_moe() -> bool:
-    import importlib.util
-
-    return all(
-        importlib.util.find_spec(m) is not None
-        for m in ("transformers.models.qwen3_5_moe", "verl.models.transformers.qwen3_5")
-    )
-
-
 def run_checks(kind: str = "moe") -> list[Check]:
     """R3 replays the rollout's routes exactly, and R2's update replays its record bit for bit."""
     label = "" if kind == "moe" else " (Qwen3.5-MoE)"
@@ -339,7 +330,9 @@ def checks_here() -> list[Check]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return run_checks() + (run_checks("qwen3_5_moe") if has_qwen3_5_moe() else [])
+    from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
+
+    return run_checks() + (run_checks("qwen3_5_moe") if has_qwen3_5(verl=True) else [])
 
 
 def run() -> list[Check]:

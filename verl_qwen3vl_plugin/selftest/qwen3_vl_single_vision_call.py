@@ -162,9 +162,9 @@ def token_mismatch() -> Check:
 
 
 def run() -> list[Check]:
-    import importlib.util
+    from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
 
     checks = [*(compare(name, samples) for name, samples in CASES.items()), token_mismatch()]
-    if importlib.util.find_spec("verl.models.transformers.qwen3_5") is not None:  # verl >= 0.8
+    if has_qwen3_5(verl=True):
         checks += [compare(name, samples, "qwen3_5") for name, samples in CASES.items()]
     return checks

@@ -27,12 +27,6 @@ CASES = {
 QWEN3_5_CASES = ("three images", "a video")
 
 
-def _has_qwen3_5() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("transformers.models.qwen3_5") is not None  # transformers >= 5.2
-
-
 def _towers(family: str = "qwen3_vl"):
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION, randomize
 
@@ -121,8 +115,10 @@ def mismatch(rank: int) -> str:
 
 
 def _compare_cases(rank: int) -> dict:
+    from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
+
     results = {name: compare(grid) for name, grid in CASES.items()}
-    if _has_qwen3_5():
+    if has_qwen3_5():
         results.update({f"{name} (qwen3_5)": compare(CASES[name], "qwen3_5") for name in QWEN3_5_CASES})
     return {**results, "mismatch": mismatch(rank)}
 
@@ -130,7 +126,7 @@ def _compare_cases(rank: int) -> dict:
 def run() -> list[Check]:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
     from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-    from verl_qwen3vl_plugin.selftest.tiny_models import VISION
+    from verl_qwen3vl_plugin.selftest.tiny_models import VISION, has_qwen3_5
 
     results = on_two_ranks(_compare_cases, timeout=300)
     errors = [r["error"] for r in results if "error" in r]
@@ -138,7 +134,7 @@ def run() -> list[Check]:
         return [Check("vision DP on 2 ranks", False, errors[0].strip().splitlines()[-1])]
     checks = []
     cases = [(name, grid) for name, grid in CASES.items()]
-    if _has_qwen3_5():
+    if has_qwen3_5():
         cases += [(f"{name} (qwen3_5)", CASES[name]) for name in QWEN3_5_CASES]
     for name, grid in cases:
         patches = [t * h * w for t, h, w in grid]

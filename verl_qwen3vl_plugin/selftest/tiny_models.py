@@ -104,6 +104,14 @@ def tiny_qwen3_vl_moe(seed: int = 0, vision: dict | None = None, **text: int) ->
     return Qwen3VLMoeForConditionalGeneration(tiny_qwen3_vl_moe_config(vision, **text)).eval()
 
 
+def has_qwen3_5(verl: bool = False) -> bool:
+    """Whether transformers has Qwen3.5 (>= 5.2) and, with ``verl``, verl its Qwen3.5 forward (>= 0.8)."""
+    import importlib.util
+
+    modules = ["transformers.models.qwen3_5", *(["verl.models.transformers.qwen3_5"] if verl else [])]
+    return all(importlib.util.find_spec(module) is not None for module in modules)
+
+
 def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None = None, **text) -> torch.nn.Module:
     """A tiny Qwen3.5 (``moe``: Qwen3.5-MoE) with Qwen3-VL's tiny vision tower minus deepstack; ``layer_types``
     overrides the text layers' (e.g. ``FULL_ATTENTION``), ``text`` the rest of the text config."""
