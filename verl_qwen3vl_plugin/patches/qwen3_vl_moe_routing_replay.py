@@ -1,5 +1,5 @@
-"""Patch ``qwen3_vl_moe_routing_replay``: verl's FSDP path honours ``router_replay.mode`` (R2, R3) for Qwen3-VL-MoE,
-so training routes each token to the experts the rollout (R3) or the old-log-prob pass (R2) chose.
+"""Patch ``qwen3_vl_moe_routing_replay``: verl's FSDP path honours ``router_replay.mode`` (R2, R3) for Qwen3-VL-MoE
+and Qwen3.5-MoE, so training routes each token to the experts the rollout (R3) or the old-log-prob pass (R2) chose.
 
 Off by default: every wrapper calls upstream's code unchanged unless the actor's (or engine's) own
 ``router_replay.mode`` is R2 or R3, and the routers call upstream's forward unless a micro-batch's routes cover them.
@@ -10,7 +10,11 @@ Targets, each judged by its shape alone (the probes' whole knowledge):
     softmax, ``topk``) and calls ``self.experts`` with the hidden states, the routing weights and the indices, and
     returns a pair. Not used (5.x): it calls ``self.gate`` for its routes, and the module defines the top-k router;
   - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
-    ``topk``, returns three values. Not used where the class is absent and the sparse block routes (4.57);
+    ``topk``, returns three values: the logits first (5.8 and later), or the probabilities where the softmax is
+    assigned to ``router_logits`` (5.3), which replay returns alike. Not used where the class is absent and the
+    sparse block routes (4.57);
+- router, transformers' ``modeling_qwen3_5_moe`` (>= 5.2): ``Qwen3_5MoeTopKRouter.forward``, the same shape; not used
+  where transformers has no Qwen3.5-MoE;
 - router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
   the experts' output alone returned, its routing and experts one of ``npu_qwen3_vl_moe_routing``'s known shapes
   (0.7.0's experts read top-k weights in training: replay hands them those); not used where verl has no
