@@ -6,7 +6,9 @@ The stand-ins replace only what cannot run on a CPU, and only in the process tha
 an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
 installed where verl's Ulysses attention wrapper calls it, so verl's all-to-all and slicing run unmodified; verl's
 pure-torch padding helpers (``verl.utils.npu_flash_attn_utils``, with ``einops``) where verl's ``attention_utils``
-would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks CUDA).
+would import ``flash_attn.bert_padding``; verl's ``get_device_id`` (it asks CUDA); and, on Qwen3.5's gated delta-net
+layers, a chunked delta rule that keeps packed samples apart at ``cu_seqlens`` as FLA's kernel does (transformers'
+torch fallback takes ``**kwargs`` from 5.10, so verl hands it ``cu_seqlens``, which it ignores: samples would mix).
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ def varlen_attention(q, k, v, attention_mask, query_length, *args, position_ids=
     return torch.cat(out, dim=1)
 
 
+def packed_delta_rule(rule):
+    """``rule`` (transformers' torch chunked delta rule) run on each packed sample between ``cu_seqlens`` bounds."""
+
+    def chunk(query, key, value, g, beta, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+        if cu_seqlens is None:
+            return rule(query, key, value, g=g, beta=beta, **kwargs)
+        if kwargs.get("output_final_state") or kwargs.get("initial_state") is not None:
+            raise NotImplementedError("the CPU delta-rule stand-in packs samples for training only: no cached state")
+        bounds = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
+        out = [
+            rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **kwargs)[0]
+            for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+            if e > s
+        ]
+        return torch.cat(out, dim=1), None
+
+    return chunk
+
+
 def install_cpu_stand_ins() -> None:
     from verl.models.transformers import monkey_patch
     from verl.utils import attention_utils, npu_flash_attn_utils
@@ -72,6 +93,9 @@ def build_model(kind: str, text: dict | None = None, layer_types: list[str] | No
     else:
         built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
     model = randomize(built, seed=0)
+    for module in model.modules():
+        if hasattr(module, "chunk_gated_delta_rule"):  # Qwen3.5's gated delta-net layers
+            module.chunk_gated_delta_rule = packed_delta_rule(module.chunk_gated_delta_rule)
     for config in (model.config, model.config.text_config, model.config.vision_config):
         config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention
     return model
