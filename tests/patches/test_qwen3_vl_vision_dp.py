@@ -47,7 +47,7 @@ def test_edited_vision_forward_is_unrecognized(edit, family):
     if not forward or edit[0] not in forward:
         pytest.skip(f"this transformers' {target.module} has no {edit[0]!r}")
     source = source.replace(forward, forward.replace(*edit, 1))
-    verdict, reason = judge(spec.PATCH, target, source.replace(*edit))
+    verdict, reason = judge(spec.PATCH, target, source)
     assert verdict is Verdict.UNRECOGNIZED, reason
 
 

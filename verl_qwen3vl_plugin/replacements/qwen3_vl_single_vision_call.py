@@ -15,6 +15,8 @@ When it applies, and when it can be removed: the ``qwen3_vl_single_vision_call``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -103,7 +105,7 @@ def get_input_embeds(
     }
 
 
-def get_input_embeds_qwen3_5(*args, **kwargs) -> dict[str, torch.Tensor | None]:
+def get_input_embeds_qwen3_5(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor | None]:
     """verl's Qwen3.5 ``_get_input_embeds`` contract: the same arguments, its two outputs (Qwen3.5's tower has no
     deepstack features)."""
     out = get_input_embeds(*args, **kwargs)

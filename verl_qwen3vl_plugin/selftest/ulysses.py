@@ -6,14 +6,16 @@ The stand-ins replace only what cannot run on a CPU, and only in the process tha
 an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
 installed where verl's Ulysses attention wrapper calls it, so verl's all-to-all and slicing run unmodified; verl's
 pure-torch padding helpers (``verl.utils.npu_flash_attn_utils``, with ``einops``) where verl's ``attention_utils``
-would import ``flash_attn.bert_padding``; verl's ``get_device_id`` (it asks CUDA); and, on Qwen3.5's gated delta-net
-layers, a chunked delta rule that keeps packed samples apart at ``cu_seqlens`` as FLA's kernel does (transformers'
-torch fallback takes ``**kwargs`` from 5.10, so verl hands it ``cu_seqlens``, which it ignores: samples would mix).
+would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks CUDA). ``build_model`` adds one on
+each Qwen3.5 model it builds: a chunked delta rule on the gated delta-net layers that keeps packed samples apart at
+``cu_seqlens``, as FLA's kernel does (transformers' torch fallback takes ``**kwargs`` from 5.10, so verl hands it
+``cu_seqlens``, which it ignores: samples would mix).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,7 +48,7 @@ def varlen_attention(q, k, v, attention_mask, query_length, *args, position_ids=
     return torch.cat(out, dim=1)
 
 
-def packed_delta_rule(rule):
+def packed_delta_rule(rule: Callable) -> Callable:
     """``rule`` (transformers' torch chunked delta rule) run on each packed sample between ``cu_seqlens`` bounds."""
 
     def chunk(query, key, value, g, beta, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):

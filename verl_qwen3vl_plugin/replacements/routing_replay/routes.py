@@ -132,8 +132,7 @@ def slots(model: nn.Module) -> dict[nn.Module, int]:
         raise ReplayError(
             f"routing replay is on, but {type(model).__name__} has no MoE router the plugin patched "
             "(Qwen3-VL-MoE's sparse block or top-k router, Qwen3.5-MoE's top-k router, or verl's Ascend sparse block); "
-            "see "
-            "`verl-qwen3vl-plugin doctor`"
+            "see `verl-qwen3vl-plugin doctor`"
         )
     found = {router: i for i, router in enumerate(routers)}
     _slots[model] = found
