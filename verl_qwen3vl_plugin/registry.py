@@ -88,6 +88,12 @@ class Target(NamedTuple):
         return f"{self.module}:{self.name}" if self.name else self.module
 
 
+def not_used_when_absent(reason: str) -> Callable[[], Decision]:
+    """A target's ``absent`` for a module this stack may lack (an older release, a model family it does not ship):
+    "not used", saying why, instead of failing closed."""
+    return lambda: Decision(Verdict.NOT_USED, reason)
+
+
 class Patch(NamedTuple):
     """One patch: everything the hooks, the doctor, the self-test and the docs need to know about it."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin.registry import Decision, Target, Verdict
+from verl_qwen3vl_plugin.registry import Decision, Target, not_used_when_absent
 
 VISION_CLASSES = {
     "transformers.models.qwen3_vl.modeling_qwen3_vl": "Qwen3VLVisionModel",
@@ -29,14 +29,13 @@ def tower_class(module: ModuleType) -> type:
     return getattr(module, VISION_CLASSES[module.__name__])
 
 
-def no_qwen3_5() -> Decision:
-    return Decision(Verdict.NOT_USED, "no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)")
+NO_QWEN3_5 = not_used_when_absent("no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)")
 
 
 def vision_targets(decide: Callable[[str, object], Decision], apply: Callable[[ModuleType], None]) -> tuple:
     """One target per vision class, judged by ``decide(class name, module tree)``."""
     return tuple(
         Target(module, lambda tree, cls_name=cls_name: decide(cls_name, tree), apply,
-               no_qwen3_5 if is_qwen3_5(cls_name) else None)
+               NO_QWEN3_5 if is_qwen3_5(cls_name) else None)
         for module, cls_name in VISION_CLASSES.items()
     )  # fmt: skip

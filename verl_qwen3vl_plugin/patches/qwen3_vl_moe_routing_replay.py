@@ -38,7 +38,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
 
 MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
@@ -286,8 +286,8 @@ def _apply_engine(module: ModuleType) -> None:
     lm.prepare_model_outputs = engine.prepare_model_outputs(lm.__dict__["prepare_model_outputs"])
 
 
-def _no_module(what: str):
-    return lambda: Decision(Verdict.NOT_USED, what)
+NO_QWEN3_VL_MOE = not_used_when_absent("no Qwen3-VL-MoE")
+NO_NPU_PATCH = not_used_when_absent("verl has no npu_patch")
 
 
 def legacy_gone() -> Decision:
@@ -303,19 +303,33 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         Target(
-            MODELING, decide_sparse_block, _apply_modeling(BLOCK), _no_module("no Qwen3-VL-MoE"), f"{BLOCK}.forward"
+            MODELING,
+            decide_sparse_block,
+            _apply_modeling(BLOCK),
+            NO_QWEN3_VL_MOE,
+            f"{BLOCK}.forward",
         ),
         Target(
-            MODELING, decide_top_k_router, _apply_modeling(ROUTER), _no_module("no Qwen3-VL-MoE"), f"{ROUTER}.forward"
+            MODELING,
+            decide_top_k_router,
+            _apply_modeling(ROUTER),
+            NO_QWEN3_VL_MOE,
+            f"{ROUTER}.forward",
         ),
         Target(
             QWEN3_5_MODELING,
             lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
             _apply_modeling(QWEN3_5_ROUTER),
-            _no_module("no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"),
+            not_used_when_absent("no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"),
             f"{QWEN3_5_ROUTER}.forward",
         ),
-        Target(NPU_PATCH, decide_npu_block, _apply_npu, _no_module("verl has no npu_patch"), f"{NPU_BLOCK}.forward"),
+        Target(
+            NPU_PATCH,
+            decide_npu_block,
+            _apply_npu,
+            NO_NPU_PATCH,
+            f"{NPU_BLOCK}.forward",
+        ),
         Target(DP_ACTOR, decide_actor, _apply_actor, legacy_gone),
         Target(WORKERS, decide_worker, _apply_worker, legacy_gone, f"{WORKER}.compute_log_prob"),
         Target(ENGINE, decide_engine, _apply_engine),

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
 TARGET, QWEN3_5_TARGET = "verl.models.transformers.qwen3_vl", "verl.models.transformers.qwen3_5"
 FUNCTION = "_get_input_embeds"
@@ -97,10 +97,6 @@ def decide(tree: ast.Module, module: str = TARGET) -> Decision:
     )
 
 
-def _no_qwen3_5() -> Decision:
-    return Decision(Verdict.NOT_USED, "no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)")
-
-
 def upstream_function(module: ModuleType) -> Callable:
     """verl's own ``_get_input_embeds``, even after the plugin replaced it."""
     return _upstream.get(module.__name__, getattr(module, FUNCTION))
@@ -119,7 +115,12 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         Target(TARGET, decide, _apply),
-        Target(QWEN3_5_TARGET, lambda tree: decide(tree, QWEN3_5_TARGET), _apply, _no_qwen3_5),
+        Target(
+            QWEN3_5_TARGET,
+            lambda tree: decide(tree, QWEN3_5_TARGET),
+            _apply,
+            not_used_when_absent("no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)"),
+        ),
     ),
     devices=None,
     why=(
