@@ -44,13 +44,9 @@ def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
 
 def implementations() -> dict[str, Callable]:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import qwen3_5_references, references
+    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
 
-    upstream = qwen3_5_references() if FAMILY == "qwen3_5" else references()
-    return {
-        "plugin": fast_pos_embed_interpolate,
-        **{name.removesuffix(" qwen3_5"): fn for name, fn in upstream.items()},
-    }
+    return {"plugin": fast_pos_embed_interpolate, **references(FAMILY)}
 
 
 def tower(hidden: int, dtype: torch.dtype):

@@ -11,12 +11,7 @@ import torch
 
 from verl_qwen3vl_plugin.replacements import qwen3_vl_pos_embed as qwen3_vl
 from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import (
-    forward_check,
-    gradient_check,
-    qwen3_5_references,
-    references,
-)
+from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import forward_check, gradient_check, references
 from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
 # The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
@@ -26,7 +21,7 @@ if "verl" in REFERENCES:
     IMPLEMENTATIONS["verl"] = REFERENCES["verl"]
 
 # Qwen3.5's (transformers >= 5.2, verl >= 0.8): on a Qwen3.5 tower, the plugin's function against each.
-QWEN3_5_REFERENCES = qwen3_5_references()
+QWEN3_5_REFERENCES = references("qwen3_5")
 
 GRIDS = {
     "2x2": [[1, 2, 2]],

@@ -3,6 +3,7 @@ on a Qwen3-VL tower and, where transformers has Qwen3.5, on a Qwen3.5 tower agai
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -15,47 +16,31 @@ GRIDS = [[1, 2, 2], [1, 38, 50], [3, 8, 8], [1, 2, 64], [16, 32, 32]]
 GRAD_RTOL = 1e-6
 
 
-def references() -> dict[str, Callable]:
-    """Upstream interpolations installed here: transformers' own (where its forward calls it) and verl's fix."""
-    from transformers.models.qwen3_vl import modeling_qwen3_vl
+# family: transformers' modeling module, and verl's module with its device-safe copy (verl >= 0.8)
+UPSTREAM = {
+    "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "verl.models.transformers.qwen3_vl"),
+    "qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5", "verl.models.transformers.qwen3_5"),
+}
 
+
+def references(family: str = "qwen3_vl") -> dict[str, Callable]:
+    """The family's upstream interpolations installed here: transformers' own method where its vision forward calls
+    it, and verl's copy."""
     from verl_qwen3vl_plugin.compat import tree
     from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import decide_vision_class, upstream_method
     from verl_qwen3vl_plugin.registry import Verdict
+    from verl_qwen3vl_plugin.vision_towers import VISION_CLASSES
 
-    references = {}
-    if decide_vision_class("Qwen3VLVisionModel", tree(modeling_qwen3_vl.__name__)).verdict is Verdict.APPLY:
-        references["transformers"] = upstream_method(modeling_qwen3_vl.Qwen3VLVisionModel)
+    modeling, verl_module = UPSTREAM[family]
+    vision_class = VISION_CLASSES[modeling]
+    found = {}
+    if decide_vision_class(vision_class, tree(modeling)).verdict is Verdict.APPLY:
+        found["transformers"] = upstream_method(getattr(importlib.import_module(modeling), vision_class))
     try:
-        from verl.models.transformers.qwen3_vl import fast_pos_embed_interpolate as verl_version
-    except ImportError:  # verl < 0.8 has no fixed copy
+        found["verl"] = importlib.import_module(verl_module).fast_pos_embed_interpolate
+    except (ImportError, AttributeError):  # verl < 0.8: no device-safe copy, and no Qwen3.5
         pass
-    else:
-        references["verl"] = verl_version
-    return references
-
-
-def qwen3_5_references() -> dict[str, Callable]:
-    """Qwen3.5's upstream interpolations installed here (transformers >= 5.2, verl >= 0.8): transformers' own method
-    where its vision forward calls it (5.2 to 5.8), and verl's copy for Qwen3.5."""
-    from verl_qwen3vl_plugin.compat import tree
-    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import decide_vision_class, upstream_method
-    from verl_qwen3vl_plugin.registry import Verdict
-
-    try:
-        from transformers.models.qwen3_5 import modeling_qwen3_5
-    except ImportError:  # transformers < 5.2
-        return {}
-    references = {}
-    if decide_vision_class("Qwen3_5VisionModel", tree(modeling_qwen3_5.__name__)).verdict is Verdict.APPLY:
-        references["transformers qwen3_5"] = upstream_method(modeling_qwen3_5.Qwen3_5VisionModel)
-    try:
-        from verl.models.transformers.qwen3_5 import fast_pos_embed_interpolate as verl_version
-    except ImportError:  # verl < 0.8 has no Qwen3.5
-        pass
-    else:
-        references["verl qwen3_5"] = verl_version
-    return references
+    return found
 
 
 def forward_check(
@@ -99,11 +84,12 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     checks = []
-    for family, found in (("qwen3_vl", references()), ("qwen3_5", qwen3_5_references())):
-        for name, reference in found.items():
+    for family in UPSTREAM:
+        for name, reference in references(family).items():
+            label = name if family == "qwen3_vl" else f"{name} {family}"
             for dtype in (torch.float32, torch.bfloat16):
-                checks.append(forward_check(fast_pos_embed_interpolate, reference, name, GRIDS, dtype, family=family))
-            checks.append(gradient_check(fast_pos_embed_interpolate, reference, name, GRIDS, family=family))
+                checks.append(forward_check(fast_pos_embed_interpolate, reference, label, GRIDS, dtype, family=family))
+            checks.append(gradient_check(fast_pos_embed_interpolate, reference, label, GRIDS, family=family))
     try:
         fast_pos_embed_interpolate(vision_tower(), torch.tensor([[1, 3, 4]]))
         checks.append(Check("pos_embed rejects an odd grid", False, "no error raised"))
