@@ -110,12 +110,10 @@ def returns_probabilities(forward: ast.FunctionDef) -> bool:
     )
 
 
-def decide_top_k_router(tree: ast.Module, router: str = ROUTER) -> Decision:
+def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
     forward = _forward(tree, router)
     if forward is None:
-        if router == ROUTER and compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
-            return Decision(Verdict.NOT_USED, f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
-        return Decision(Verdict.UNRECOGNIZED, f"no {router}.forward, and no sparse block that routes itself")
+        return Decision(Verdict.UNRECOGNIZED, f"no {router}.forward")
     known = (
         compat.parameters(forward) == ["self", "hidden_states"]
         and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
@@ -127,6 +125,13 @@ def decide_top_k_router(tree: ast.Module, router: str = ROUTER) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"{router}.forward routes in an unknown way")
     first = "probabilities" if returns_probabilities(forward) else "logits"
     return Decision(Verdict.APPLY, f"{router} returns ({first}, top-k weights, top-k ids) (transformers 5)")
+
+
+def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
+    """transformers 4.57 has no top-k router: its sparse block routes, and the sparse block target acts there."""
+    if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
+        return Decision(Verdict.NOT_USED, f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
+    return decide_top_k_router(tree, ROUTER)
 
 
 def decide_npu_block(tree: ast.Module) -> Decision:
@@ -311,7 +316,7 @@ PATCH = Patch(
         ),
         Target(
             MODELING,
-            decide_top_k_router,
+            decide_qwen3_vl_router,
             _apply_modeling(ROUTER),
             NO_QWEN3_VL_MOE,
             f"{ROUTER}.forward",
