@@ -7,6 +7,7 @@ used", while a missing Qwen3-VL module stays "unrecognized" (every supported tra
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from types import ModuleType
 
@@ -32,7 +33,9 @@ def tower_class(module: ModuleType) -> type:
 NO_QWEN3_5 = not_used_when_absent("no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)")
 
 
-def vision_targets(decide: Callable[[str, object], Decision], apply: Callable[[ModuleType], None]) -> tuple:
+def vision_targets(
+    decide: Callable[[str, ast.Module | None], Decision], apply: Callable[[ModuleType], None]
+) -> tuple[Target, ...]:
     """One target per vision class, judged by ``decide(class name, module tree)``."""
     return tuple(
         Target(module, lambda tree, cls_name=cls_name: decide(cls_name, tree), apply,

@@ -350,10 +350,9 @@ PATCH = Patch(
     how=(
         "verl_qwen3vl_plugin.replacements.routing_replay: the Qwen3-VL-MoE and Qwen3.5-MoE routers take their top-k "
         "ids from the micro-batch's record (probabilities gathered at them and renormalised, so the gate keeps its "
-        "gradient; "
-        "MoE layer i reads slot i, also in checkpoint recompute); verl's actor (0.7) and FSDP engine (>= 0.8) lay "
-        "the record out as they lay out the tokens (remove-padding, Ulysses, dynamic batches), and R2 returns the "
-        "recorded routes as routed_experts."
+        "gradient; MoE layer i reads slot i, also in checkpoint recompute); verl's actor (0.7) and FSDP engine "
+        "(>= 0.8) lay the record out as they lay out the tokens (remove-padding, Ulysses, dynamic batches), and R2 "
+        "returns the recorded routes as routed_experts."
     ),
     upstream=("verl#5392", "verl#2996", "verl#4443"),
     remove_when="verl's FSDP engine honours `router_replay.mode` for `qwen3_vl_moe` and `qwen3_5_moe` (verl#4443 or a "
