@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -206,6 +207,32 @@ def test_selftest_runs_every_patch_and_passes():
     assert any(n.startswith("pos_embed") for n in names) and any(n.startswith("npu") for n in names), names
     assert all(c["ok"] for c in report["selftest"]), report["selftest"]
     assert proc.returncode == 0
+
+
+def test_closing_line_counts_failed_selftest_checks(plain_json):
+    """A failed self-test check never ends under an "ok" line: the closing lines count and name the failures."""
+    _, report = plain_json
+    fields = {f.name: report[f.name] for f in dataclasses.fields(Report)} | {"actions": []}
+    passed, failed = ("a", True, "fine"), ("routing replay through verl", False, "child process failed")
+    text = render(Report(**fields | {"selftest": [dict(zip(("name", "ok", "detail"), passed, strict=True))]}))
+    assert text.splitlines()[-1].startswith("ok: ") and "all 1 self-test checks passed" in text
+    bad = Report(
+        **fields | {"selftest": [dict(zip(("name", "ok", "detail"), c, strict=True)) for c in (passed, failed)]}
+    )
+    text = render(bad)
+    assert "\nok: " not in text and bad.exit_code == 1
+    assert "SELFTEST FAILED: 1 of 2 checks" in text and text.splitlines()[-1] == "- routing replay through verl"
+
+
+def test_selftest_that_cannot_import_says_what_it_needs(monkeypatch, tmp_path):
+    """A self-test child whose import fails reports the package to install, not a traceback."""
+    from verl_qwen3vl_plugin import selftest
+
+    (tmp_path / "selftest_needs_probe.py").write_text("import einops_not_here.sub\n")
+    monkeypatch.setitem(os.environ, "PYTHONPATH", str(tmp_path))
+    (check,) = selftest.in_child("selftest_needs_probe", "needs probe")
+    assert not check.ok and check.detail.startswith("needs the Python package 'einops_not_here'"), check.detail
+    assert "Traceback" not in check.detail
 
 
 def _unrecognized_everywhere(monkeypatch):

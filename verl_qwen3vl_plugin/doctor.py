@@ -191,6 +191,11 @@ def render(report: Report) -> str:
         lines += [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in report.selftest]
     if report.actions:
         lines += ["", "ACTION NEEDED:"] + [f"- {a}" for a in report.actions]
-    else:
-        lines += ["", "ok: the plugin is active and every patch it needs can apply"]
+    failed = [c["name"] for c in report.selftest or [] if not c["ok"]]
+    if failed:
+        lines += ["", f"SELFTEST FAILED: {len(failed)} of {len(report.selftest)} checks (the [FAIL] lines above):"]
+        lines += [f"- {name}" for name in failed]
+    if not report.actions and not failed:
+        checked = f"; all {len(report.selftest)} self-test checks passed" if report.selftest else ""
+        lines += ["", f"ok: the plugin is active and every patch it needs can apply{checked}"]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ wheel can run the self-test; they are never used in training.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -19,6 +20,19 @@ class Check(NamedTuple):
     name: str
     ok: bool
     detail: str
+
+
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def needs(error: str) -> str | None:
+    """A missing module named in ``error`` as what the user must install, so a self-test that cannot run here says
+    what it needs instead of ending in a traceback."""
+    found = MISSING_MODULE.findall(error)
+    if not found:
+        return None
+    top = found[-1].split(".")[0]
+    return f"needs the Python package {top!r}, which is not installed here: pip install {top}, then rerun"
 
 
 def installed_decision(patch: Patch, target: Target) -> Decision:
@@ -42,7 +56,8 @@ def in_child(module: str, name: str, drop: tuple[str, ...] = ()) -> list[Check]:
     env.update(VERL_USE_EXTERNAL_PLUGINS="none", VERL_QWEN3VL_PLUGIN_AUTOLOAD="0")
     proc = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        return [Check(name, False, f"child process failed: {proc.stderr.strip()[-2000:]}")]
+        error = proc.stderr.strip()
+        return [Check(name, False, needs(error) or f"child process failed: {error[-2000:]}")]
     return [Check(*c) for c in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
@@ -55,5 +70,6 @@ def run() -> list[Check]:
         try:
             checks += importlib.import_module(module).run()
         except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
-            checks.append(Check(f"{module} self-test", False, f"{type(exc).__name__}: {exc}"))
+            error = f"{type(exc).__name__}: {exc}"
+            checks.append(Check(f"{module} self-test", False, needs(error) or error))
     return checks
