@@ -1,0 +1,58 @@
+"""Multimodal ``position_ids`` laid out as verl's FSDP engine reads them: a jagged nested tensor whose ragged
+dimension is the sequence (``[n, rope rows, j]``, values ``(rope rows, total tokens)``, offsets per sequence).
+
+Two other layouts reach verl's ``maybe_fix_3d_position_ids``, which only sets ``_ragged_idx = 2``:
+- rope-packed: TransferQueue (verl 0.9's data path) packs each sample's ``(4, seq)`` ids with
+  ``torch.nested.as_nested_tensor(..., layout=torch.jagged)``, and torch makes the dimension that varies ragged:
+  the sequence when lengths differ, the 4 rope rows when every sample has the same length (values ``(n * 4, seq)``,
+  offsets ``0, 4, 8, ...``). GRPO's n responses to one prompt, each cut at the same maximum, have equal lengths.
+  Setting the index on it makes an inconsistent tensor: ``split_with_sizes`` errors, or a rotary shape mismatch;
+- sequence-packed with its index reset to 1 (a TensorDict pickle round trip): values and offsets are right, and
+  setting the index is the whole fix, as verl intends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+KEY = "position_ids"
+# verl's multimodal position ids have one text row and up to three rotary rows: a layout with more leading rows than
+# this holds several samples' rows (rope-packed).
+MAX_ROPE_ROWS = 4
+
+
+def sequence_ragged(position_ids: torch.Tensor) -> torch.Tensor:
+    """``position_ids`` rebuilt from its values and offsets with the sequence as the ragged dimension; unchanged when
+    it already is, or is not a 3-d jagged nested tensor."""
+    if not (position_ids.is_nested and position_ids.dim() == 3):
+        return position_ids
+    values, offsets = position_ids.values(), position_ids.offsets()
+    total = int(offsets[-1])
+    sequence_packed = values.shape[-1] == total and values.shape[0] <= MAX_ROPE_ROWS
+    if sequence_packed and position_ids._ragged_idx == 2:
+        return position_ids
+    if sequence_packed:  # index reset
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, jagged_dim=2)
+    rows = offsets.diff()
+    if values.shape[0] == total and bool((rows == rows[0]).all()):  # rope-packed: equal lengths
+        batch, rope, seq = rows.numel(), int(rows[0]), values.shape[-1]
+        values = values.reshape(batch, rope, seq).transpose(0, 1).reshape(rope, batch * seq)
+        offsets = torch.arange(batch + 1, device=offsets.device, dtype=offsets.dtype) * seq
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, jagged_dim=2)
+    raise ValueError(
+        f"{KEY}: a 3-d nested tensor in no known layout (values {tuple(values.shape)}, offsets {offsets.tolist()})"
+    )
+
+
+def maybe_fix_3d_position_ids(data: TensorDict) -> None:
+    """verl's ``maybe_fix_3d_position_ids(data)``: the batch's 3-d nested ``position_ids`` made sequence-ragged,
+    whichever of the known layouts it arrived in."""
+    if KEY in data.keys() and data[KEY].dim() == 3 and data[KEY].is_nested:
+        fixed = sequence_ragged(data[KEY])
+        if fixed is not data[KEY]:
+            data[KEY] = fixed
