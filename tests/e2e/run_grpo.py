@@ -19,6 +19,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,7 +70,10 @@ def overrides(work: Path, steps: int) -> list[str]:
 
 def environment(routes_file: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_QWEN3VL_PLUGIN", "VERL_USE_EXTERNAL"))}
+    # Ray's workers refuse a temp dir inside the virtualenv (where nox points TMPDIR), and hang the run.
+    temp = tempfile.mkdtemp(prefix="verl-e2e-", dir="/tmp")
     return env | {
+        "TMPDIR": temp, "RAY_TMPDIR": temp,
         "VERL_PLATFORM": "cpu",  # the test-only platform below; the plugin itself comes from verl's entry points
         "VERL_USE_EXTERNAL_MODULES": "e2e_cpu_shims.verl_side,e2e_cpu_shims.routes_probe",
         "VERL_LOGGING_LEVEL": "INFO",  # the plugin's one line per patch and process
