@@ -81,7 +81,7 @@ def maybe_fix_3d_position_ids(data: TensorDict):
         (VERL_BODY + "    data['x'] = 1\n", "unrecognized"),
         (VERL_BODY.replace("(data: TensorDict)", "(data, key)"), "unrecognized"),
         ("def maybe_fix_3d_position_ids(data):\n    normalize_3d_position_ids(data)\n", "fixed_upstream"),
-        ("def other(data):\n    pass\n", "not_used"),
+        ("def other(data):\n    pass\n", "unrecognized"),
     ],
     ids=["verl", "other_index", "more_statements", "other_signature", "verl_7901", "absent"],
 )

@@ -11,8 +11,7 @@ Qwen3.5 as soon as a batch's sequences share a length (GRPO's n responses cut at
 Known shapes (the probe's whole knowledge):
 - affected, verl 0.7.0 to 0.9.1: ``maybe_fix_3d_position_ids(data)`` whose whole body is one ``if`` that checks
   ``data["position_ids"]`` is 3-d and nested and sets its ``_ragged_idx = 2``;
-- fixed (verl#7901, not released): a body that calls ``normalize_3d_position_ids``;
-- not used: a ``tensordict_utils`` without the function (verl's engine path has no such step there).
+- fixed (verl#7901, not released): a body that calls ``normalize_3d_position_ids``.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def _sets_index_only(func: ast.FunctionDef) -> bool:
 def decide(tree: ast.Module) -> Decision:
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.NOT_USED, f"verl's tensordict_utils has no {FUNCTION}")
+        return Decision(Verdict.UNRECOGNIZED, f"verl's tensordict_utils has no {FUNCTION}")
     if compat.parameters(func) != ["data"]:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({FUNCTION}(data))")
     if compat.calls(func, FIXED):
