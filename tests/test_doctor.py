@@ -232,8 +232,16 @@ def test_selftest_that_cannot_import_says_what_it_needs(monkeypatch, tmp_path):
     (tmp_path / "selftest_needs_probe.py").write_text("import einops_not_here.sub\n")
     monkeypatch.setitem(os.environ, "PYTHONPATH", str(tmp_path))
     (check,) = selftest.in_child("selftest_needs_probe", "needs probe")
-    assert not check.ok and check.detail.startswith("needs the Python package 'einops_not_here'"), check.detail
+    assert not check.ok and check.detail.startswith("needs the Python module 'einops_not_here'"), check.detail
     assert "Traceback" not in check.detail
+
+
+def test_a_missing_submodule_of_an_installed_package_is_reported_as_it_is():
+    from verl_qwen3vl_plugin import selftest
+
+    assert selftest.needs("ModuleNotFoundError: No module named 'verl.no_such_module'") is None
+    chained = "ModuleNotFoundError: No module named 'einops_not_here'\n\nDuring handling...\nValueError: boom"
+    assert selftest.needs(chained) is None
 
 
 def _unrecognized_everywhere(monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from verl.utils import tensordict_utils
 
-from tests.helpers import judge
+from tests.helpers import child_json, judge
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import FUNCTION, PATCH
 from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids, sequence_ragged
 from verl_qwen3vl_plugin.selftest.qwen3_vl_nested_position_ids import engine_rows, packed_batch, run, samples
@@ -55,6 +55,33 @@ def test_micro_batch_split_after_the_fix():
     assert all(torch.equal(got, want) for got, want in zip(parts, samples(EQUAL), strict=True))
 
 
+def test_consolidated_locked_batch_after_a_pickle_round_trip():
+    """The state verl's function was written for, as verl ships a batch: consolidated (locked), pickled, unpickled;
+    and a locked batch whose layout needs a rebuild."""
+    import pickle
+
+    batch = packed_batch(MIXED).consolidate()
+    batch = pickle.loads(pickle.dumps(batch))
+    maybe_fix_3d_position_ids(batch)
+    assert all(torch.equal(got, want) for got, want in zip(batch["position_ids"].unbind(), samples(MIXED), strict=True))
+    locked = packed_batch(EQUAL).lock_()
+    maybe_fix_3d_position_ids(locked)
+    assert locked.is_locked and torch.equal(locked["position_ids"].values(), torch.cat(samples(EQUAL), dim=-1))
+
+
+def test_in_effect_where_verls_engine_calls_it():
+    """A fresh process as users run it: verl's engine worker and engine call the plugin's function, and an
+    equal-length batch reads right; the control with the plugin off reproduces verl's failure."""
+    result = child_json("nested_position_ids_in_effect.py")
+    assert result["plugins"] == {"tensordict_utils": True, "engine_workers": True, "engine.base": True}
+    assert result["rows"] == [4, 15] and result["status"] == ["applied"]
+    off = child_json(
+        "nested_position_ids_in_effect.py",
+        env={"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"},
+    )
+    assert not any(off["plugins"].values()) and off["rows"] != [4, 15]
+
+
 def test_unknown_layout_is_a_clear_error():
     odd = torch.nested.nested_tensor_from_jagged(torch.zeros(9, 5), offsets=torch.tensor([0, 4, 9]))
     with pytest.raises(ValueError, match="position_ids: a 3-d nested tensor in no known layout"):
@@ -78,12 +105,17 @@ def maybe_fix_3d_position_ids(data: TensorDict):
     [
         (VERL_BODY, "apply"),
         (VERL_BODY.replace("._ragged_idx = 2", "._ragged_idx = 1"), "unrecognized"),
+        (VERL_BODY.replace("dim() == 3", "dim() == 30"), "unrecognized"),
+        (
+            VERL_BODY.replace('and data["position_ids"].is_nested', 'and not data["position_ids"].is_nested'),
+            "unrecognized",
+        ),
         (VERL_BODY + "    data['x'] = 1\n", "unrecognized"),
         (VERL_BODY.replace("(data: TensorDict)", "(data, key)"), "unrecognized"),
-        ("def maybe_fix_3d_position_ids(data):\n    normalize_3d_position_ids(data)\n", "fixed_upstream"),
+        ("def maybe_fix_3d_position_ids(data):\n    normalize_3d_position_ids(data)\n", "unrecognized"),
         ("def other(data):\n    pass\n", "unrecognized"),
     ],
-    ids=["verl", "other_index", "more_statements", "other_signature", "verl_7901", "absent"],
+    ids=["verl", "other_index", "other_dim", "not_nested", "more_statements", "other_signature", "verl_7901", "absent"],
 )
 def test_probe_knows_verls_shapes(text, verdict):
     (target,) = PATCH.targets

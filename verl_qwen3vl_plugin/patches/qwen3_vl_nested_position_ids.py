@@ -2,16 +2,18 @@
 sequence, whatever the samples' lengths.
 
 Target: ``verl.utils.tensordict_utils``, whose ``maybe_fix_3d_position_ids(data)`` verl's engine worker and engine
-call on every batch before they split or read it (``engine_workers``, ``engine.base``, which import the name after
-the hook has replaced it). verl's function only sets ``_ragged_idx = 2``: right for a sequence-packed tensor whose
-index a pickle round trip reset, wrong for the rope-packed layout TransferQueue (verl 0.9's data path) builds when
+call on every batch before they split or read it. ``engine_workers`` and ``engine.base`` import the name; the hook
+runs when ``tensordict_utils`` is imported, normally before them, and rebinds it in any verl module that was first.
+verl's function only sets ``_ragged_idx = 2``: right for a sequence-packed tensor whose index a pickle round trip
+reset, wrong for the rope-packed layout TransferQueue (verl 0.9's data path) builds when
 every sample has one length, which it turns into an inconsistent tensor. verl 0.9.1 then crashes on Qwen3-VL and
 Qwen3.5 as soon as a batch's sequences share a length (GRPO's n responses cut at the same maximum).
 
 Known shapes (the probe's whole knowledge):
-- affected, verl 0.7.0 to 0.9.1: ``maybe_fix_3d_position_ids(data)`` whose whole body is one ``if`` that checks
-  ``data["position_ids"]`` is 3-d and nested and sets its ``_ragged_idx = 2``;
-- fixed (verl#7901, not released): a body that calls ``normalize_3d_position_ids``.
+- affected, verl 0.7.0 to 0.9.1: ``maybe_fix_3d_position_ids(data)`` whose whole body is verl's one ``if`` on a
+  3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
+- fixed: none released; verl#7901 (open) would rebuild the layout there. Until its final shape ships, any other body is
+  ``unrecognized``.
 """
 
 from __future__ import annotations
@@ -26,19 +28,18 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 TARGET = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"
-FIXED = "normalize_3d_position_ids"
+
+
+KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
+KNOWN_BODY = "data['position_ids']._ragged_idx = 2"
 
 
 def _sets_index_only(func: ast.FunctionDef) -> bool:
-    """One ``if`` on a 3-d nested ``data["position_ids"]`` that assigns its ``_ragged_idx = 2``, and nothing else."""
+    """verl's whole body, statement for statement (its comment aside): ``if KNOWN_TEST: KNOWN_BODY``."""
     body = [n for n in func.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     if len(body) != 1 or not isinstance(body[0], ast.If) or body[0].orelse:
         return False
-    test = ast.unparse(body[0].test)
-    if not all(part in test for part in ("'position_ids'", "dim() == 3", "is_nested")):
-        return False
-    (assign,) = body[0].body if len(body[0].body) == 1 else (None,)
-    return isinstance(assign, ast.Assign) and ast.unparse(assign) == "data['position_ids']._ragged_idx = 2"
+    return ast.unparse(body[0].test) == KNOWN_TEST and [ast.unparse(n) for n in body[0].body] == [KNOWN_BODY]
 
 
 def decide(tree: ast.Module) -> Decision:
@@ -47,8 +48,6 @@ def decide(tree: ast.Module) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, f"verl's tensordict_utils has no {FUNCTION}")
     if compat.parameters(func) != ["data"]:
         return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({FUNCTION}(data))")
-    if compat.calls(func, FIXED):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{FUNCTION} calls {FIXED} (verl#7901)")
     if _sets_index_only(func):
         return Decision(
             Verdict.APPLY,
@@ -61,9 +60,13 @@ def _apply(module: ModuleType) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids
 
     original = getattr(module, FUNCTION)
-    fixed = functools.wraps(original)(maybe_fix_3d_position_ids)  # __wrapped__: verl's, for the self-test
+
+    @functools.wraps(original)  # __wrapped__: verl's, for the self-test
+    def fixed(data) -> None:
+        maybe_fix_3d_position_ids(data)
+
     for name, importer in list(sys.modules.items()):  # verl modules that bound the name before this hook ran
-        if name.startswith("verl.") and vars(importer).get(FUNCTION) is original:
+        if name.startswith("verl.") and importer is not None and vars(importer).get(FUNCTION) is original:
             setattr(importer, FUNCTION, fixed)
 
 

@@ -27,20 +27,18 @@ MAX_ROPE_ROWS = 4
 
 
 def sequence_ragged(position_ids: torch.Tensor) -> torch.Tensor:
-    """``position_ids`` rebuilt from its values and offsets with the sequence as the ragged dimension; unchanged when
-    it already is, or is not a 3-d jagged nested tensor."""
-    if not (position_ids.is_nested and position_ids.dim() == 3):
+    """``position_ids`` with the sequence as its ragged dimension: the same tensor where its values and offsets
+    already are sequence-packed (its index set to 2 in place, as verl does), a rebuilt one where they are rope-packed;
+    unchanged where it is not a 3-d jagged nested tensor. A layout neither of these raises a ValueError naming it."""
+    if not (position_ids.is_nested and position_ids.dim() == 3 and position_ids.layout is torch.jagged):
         return position_ids
     values, offsets = position_ids.values(), position_ids.offsets()
-    total = int(offsets[-1])
-    sequence_packed = values.shape[-1] == total and values.shape[0] <= MAX_ROPE_ROWS
-    if sequence_packed and position_ids._ragged_idx == 2:
+    rows, total = offsets.diff(), int(offsets[-1])
+    if values.shape[-1] == total and values.shape[0] <= MAX_ROPE_ROWS:  # sequence-packed
+        position_ids._ragged_idx = 2
         return position_ids
-    if sequence_packed:  # index reset
-        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, jagged_dim=2)
-    rows = offsets.diff()
-    if values.shape[0] == total and bool((rows == rows[0]).all()):  # rope-packed: equal lengths
-        batch, rope, seq = rows.numel(), int(rows[0]), values.shape[-1]
+    if rows.numel() and values.shape[0] == total and int(rows[0]) <= MAX_ROPE_ROWS and bool((rows == rows[0]).all()):
+        batch, rope, seq = rows.numel(), int(rows[0]), values.shape[-1]  # rope-packed: every sample one length
         values = values.reshape(batch, rope, seq).transpose(0, 1).reshape(rope, batch * seq)
         offsets = torch.arange(batch + 1, device=offsets.device, dtype=offsets.dtype) * seq
         return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, jagged_dim=2)
@@ -51,8 +49,18 @@ def sequence_ragged(position_ids: torch.Tensor) -> torch.Tensor:
 
 def maybe_fix_3d_position_ids(data: TensorDict) -> None:
     """verl's ``maybe_fix_3d_position_ids(data)``: the batch's 3-d nested ``position_ids`` made sequence-ragged,
-    whichever of the known layouts it arrived in."""
-    if KEY in data.keys() and data[KEY].dim() == 3 and data[KEY].is_nested:
-        fixed = sequence_ragged(data[KEY])
-        if fixed is not data[KEY]:
-            data[KEY] = fixed
+    whichever of the known layouts it arrived in. A rebuilt tensor is written back even into a locked TensorDict (a
+    consolidated batch is locked), as verl's in-place index change reaches one."""
+    if KEY not in data.keys() or not (data[KEY].is_nested and data[KEY].dim() == 3):
+        return
+    fixed = sequence_ragged(data[KEY])
+    if fixed is data[KEY]:
+        return
+    locked = data.is_locked
+    if locked:
+        data.unlock_()
+    try:
+        data[KEY] = fixed
+    finally:
+        if locked:
+            data.lock_()

@@ -9,6 +9,7 @@ wheel can run the self-test; they are never used in training.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -22,17 +23,22 @@ class Check(NamedTuple):
     detail: str
 
 
-MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'$")
 
 
 def needs(error: str) -> str | None:
-    """A missing module named in ``error`` as what the user must install, so a self-test that cannot run here says
-    what it needs instead of ending in a traceback."""
-    found = MISSING_MODULE.findall(error)
-    if not found:
+    """What the user must install, where ``error`` (a traceback or one exception line) ends in a
+    ``ModuleNotFoundError`` for a top-level package that is not installed here: a self-test that cannot run says so
+    instead of ending in a traceback. Anything else (a missing submodule of an installed package, a chained error)
+    is None: the failure is reported as it is."""
+    lines = error.strip().splitlines()
+    found = MISSING_MODULE.match(lines[-1].strip()) if lines else None
+    if found is None:
         return None
-    top = found[-1].split(".")[0]
-    return f"needs the Python package {top!r}, which is not installed here: pip install {top}, then rerun"
+    top = found.group(1).split(".")[0]
+    if importlib.util.find_spec(top) is not None:
+        return None
+    return f"needs the Python module {top!r}, not installed here: install the package that provides it, then rerun"
 
 
 def installed_decision(patch: Patch, target: Target) -> Decision:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import MAX_ROPE_ROWS as ROPE_ROWS
 from verl_qwen3vl_plugin.selftest import Check
-
-ROPE_ROWS = 4
 
 
 def samples(lengths: list[int]) -> list[torch.Tensor]:
@@ -29,7 +28,7 @@ def engine_rows(fix, lengths: list[int]) -> tuple[torch.Tensor | None, str]:
     batch = packed_batch(lengths)
     fix(batch)
     try:
-        [sample.shape for sample in batch["position_ids"].unbind()]
+        batch["position_ids"].unbind()  # verl's per-sample split
     except RuntimeError as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:80]}"
     return batch["position_ids"].values(), ""

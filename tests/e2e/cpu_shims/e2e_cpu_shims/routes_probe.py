@@ -24,8 +24,10 @@ def _router_hook(module, inputs, output) -> None:
     if record is None or not _state["training"]:
         return
     ids = output[-1].reshape(-1, output[-1].shape[-1])
-    tokens = min(ids.shape[0], record.shape[0])  # static padding past the last sample has no record
-    ids, rows = ids[:tokens], record[:tokens, module.e2e_layer].long()
+    if record.shape[0] > ids.shape[0]:
+        raise ValueError(f"the route record has {record.shape[0]} rows for {ids.shape[0]} routed tokens")
+    tokens = record.shape[0]  # static padding past the last sample has no record
+    ids, rows = ids[:tokens], record[:, module.e2e_layer].long()
     recorded = rows.min(-1).values != rows.max(-1).values
     if not recorded.any():
         return
