@@ -47,7 +47,10 @@ EXPECTED_VERDICTS = {
         ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
         {(0, 7, 0): "fixed_upstream", (0, 7, 1): "apply"}.get(VERL.release, "not_used"),
     ),
-    "qwen3_vl_nested_position_ids": {"verl.utils.tensordict_utils": "apply"},  # verl 0.7.0 to 0.9.1 share it
+    "qwen3_vl_nested_position_ids": dict.fromkeys(  # verl 0.7.1 to 0.9.1 call maybe_fix_3d_position_ids, 0.7.0 none
+        ("verl.workers.engine_workers", "verl.workers.engine.base"),
+        "apply" if VERL.release >= (0, 7, 1) else "not_used",
+    ),
     "qwen3_vl_moe_routing_replay": {  # the router of this transformers; the legacy actor on 0.7, the engine on all
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextSparseMoeBlock.forward": "apply"
         if TRANSFORMERS.major < 5

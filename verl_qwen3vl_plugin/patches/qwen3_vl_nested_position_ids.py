@@ -1,33 +1,37 @@
 """Patch ``qwen3_vl_nested_position_ids``: verl's FSDP engine gets multimodal ``position_ids`` ragged along the
 sequence, whatever the samples' lengths.
 
-Target: ``verl.utils.tensordict_utils``, whose ``maybe_fix_3d_position_ids(data)`` verl's engine worker and engine
-call on every batch before they split or read it. ``engine_workers`` and ``engine.base`` import the name; the hook
-runs when ``tensordict_utils`` is imported, normally before them, and rebinds it in any verl module that was first.
-verl's function only sets ``_ragged_idx = 2``: right for a sequence-packed tensor whose index a pickle round trip
-reset, wrong for the rope-packed layout TransferQueue (verl 0.9's data path) builds when
-every sample has one length, which it turns into an inconsistent tensor. verl 0.9.1 then crashes on Qwen3-VL and
-Qwen3.5 as soon as a batch's sequences share a length (GRPO's n responses cut at the same maximum).
+verl's ``maybe_fix_3d_position_ids(data)`` (``verl.utils.tensordict_utils``, verl 0.7.1 to 0.9.1) only sets
+``_ragged_idx = 2``: right for a sequence-packed tensor whose index a pickle round trip reset, wrong for the
+rope-packed layout TransferQueue (verl 0.9's data path) builds when every sample has one length, which it turns into
+an inconsistent tensor. verl 0.9.1 then crashes on Qwen3-VL and Qwen3.5 as soon as a batch's sequences share a length
+(GRPO's n responses cut at the same maximum).
+
+Targets: the two modules that call it on every batch before they split or read it, ``verl.workers.engine_workers``
+(``TrainingWorker``) and ``verl.workers.engine.base`` (``BaseEngine``); each binds the name at import, so the name is
+replaced there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when their
+target is imported, not at ``import verl``.
 
 Known shapes (the probe's whole knowledge):
-- affected, verl 0.7.0 to 0.9.1: ``maybe_fix_3d_position_ids(data)`` whose whole body is verl's one ``if`` on a
-  3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
-- fixed: none released; verl#7901 (open) would rebuild the layout there. Until its final shape ships, any other body is
-  ``unrecognized``.
+- affected, verl 0.7.1 to 0.9.1: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
+  whose whole body is verl's one ``if`` on a 3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
+- not used, verl 0.7.0: the caller's class (``TrainingWorker`` / ``BaseEngine``) is there and never names the function;
+- fixed: none released; verl#7901 (open) would rebuild the layout in that function. Until its final shape ships, any
+  other body is ``unrecognized``.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import sys
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
-TARGET = "verl.utils.tensordict_utils"
+DEFINED_IN = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"
+CALLERS = {"verl.workers.engine_workers": "TrainingWorker", "verl.workers.engine.base": "BaseEngine"}
 
 
 KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
@@ -42,7 +46,15 @@ def _sets_index_only(func: ast.FunctionDef) -> bool:
     return ast.unparse(body[0].test) == KNOWN_TEST and [ast.unparse(n) for n in body[0].body] == [KNOWN_BODY]
 
 
-def decide(tree: ast.Module) -> Decision:
+def _imports_function(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, ast.ImportFrom) and n.module == DEFINED_IN and any(a.name == FUNCTION for a in n.names)
+        for n in tree.body
+    )
+
+
+def judge_function(tree: ast.Module | None) -> Decision:
+    """verl's function itself, in ``tensordict_utils``' parsed source."""
     func = compat.find_function(tree, FUNCTION)
     if func is None:
         return Decision(Verdict.UNRECOGNIZED, f"verl's tensordict_utils has no {FUNCTION}")
@@ -56,6 +68,17 @@ def decide(tree: ast.Module) -> Decision:
     return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} matches no known verl release's body")
 
 
+def decider(caller: str):
+    def decide(tree: ast.Module) -> Decision:
+        if _imports_function(tree):
+            return judge_function(compat.installed(DEFINED_IN).tree)
+        if compat.find_class(tree, CALLERS[caller]) is not None and not compat.mentions(tree, FUNCTION):
+            return Decision(Verdict.NOT_USED, f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)")
+        return Decision(Verdict.UNRECOGNIZED, f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape")
+
+    return decide
+
+
 def _apply(module: ModuleType) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids
 
@@ -65,15 +88,16 @@ def _apply(module: ModuleType) -> None:
     def fixed(data) -> None:
         maybe_fix_3d_position_ids(data)
 
-    for name, importer in list(sys.modules.items()):  # verl modules that bound the name before this hook ran
-        if name.startswith("verl.") and importer is not None and vars(importer).get(FUNCTION) is original:
-            setattr(importer, FUNCTION, fixed)
+    setattr(module, FUNCTION, fixed)
 
 
 PATCH = Patch(
     name="qwen3_vl_nested_position_ids",
     group=MODEL,
-    targets=(Target(TARGET, decide, _apply, not_used_when_absent("this verl has no tensordict_utils")),),
+    targets=tuple(
+        Target(caller, decider(caller), _apply, not_used_when_absent("this verl has no FSDP engine"))
+        for caller in CALLERS
+    ),
     devices=None,
     why=(
         "verl 0.9.1's trainer crashes on Qwen3-VL and Qwen3.5 as soon as every sequence of a batch has one length "
