@@ -546,6 +546,28 @@ _SHAPES = [
             "verl.workers.fsdp_workers:ActorRolloutRefWorker.compute_log_prob",
         )
     ),
+    *(
+        Shape(
+            "qwen3_vl_nested_position_ids",
+            target,
+            "never calls maybe_fix_3d_position_ids (verl 0.7.0)",
+            (
+                Variant(
+                    "the class is renamed", target, substitute(rf"(?m)^class {cls}\b", f"class {cls}2"), UNRECOGNIZED
+                ),
+                Variant(
+                    "the caller names the function",
+                    target,
+                    lambda source: source + "\n\ndef _fix(data):\n    maybe_fix_3d_position_ids(data)\n",
+                    UNRECOGNIZED,
+                ),
+            ),
+        )
+        for target, cls in (
+            ("verl.workers.engine_workers", "TrainingWorker"),
+            ("verl.workers.engine.base", "BaseEngine"),
+        )
+    ),
 ]
 
 
