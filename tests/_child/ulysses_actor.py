@@ -8,8 +8,7 @@ Ulysses group (SP = 1), then with ``set_ulysses_sequence_parallel_group`` on bot
 random weights on the log-probs and entropies. Prints one JSON list (per rank, per case): the largest differences
 of log-probs, entropies and gradients (averaged over the ranks, as FSDP reduces them), and the patch rows that
 entered ``patch_embed`` in each tower call. ``shuffled``: the plugin's gather returns the ranks' blocks in reverse
-order (the negative control). Qwen3.5 has full-attention layers only here: verl's Ulysses path for its gated
-delta-net layers needs flash-linear-attention's context-parallel kernel, which has no CPU build (``tiny_models``).
+order (the negative control). Qwen3.5's gated delta-net layers run under SP too (``qwen3_5_packed_delta_net``).
 
 CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` (the package's testing code) names them.
 """
@@ -21,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.tiny_models import FULL_ATTENTION
 from verl_qwen3vl_plugin.selftest.ulysses import (
     boundary_inside_image,
     build_model,
@@ -80,7 +78,7 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
             return torch.cat(blocks[::-1])
 
         vision_dp.gather_rows = reversed_gather
-    model = build_model(kind, layer_types=FULL_ATTENTION if kind.startswith("qwen3_5") else None)
+    model = build_model(kind)
     apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)  # once: it wraps
     if fsdp != "none":
         shard(model, offload=fsdp == "fsdp2_offload")

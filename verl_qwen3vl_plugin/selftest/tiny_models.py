@@ -52,9 +52,6 @@ QWEN3_5_MOE_TEXT = dict(
     {k: v for k, v in QWEN3_5_TEXT.items() if k != "intermediate_size"},
     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=16,
 )  # fmt: skip
-# verl's Ulysses path for the gated delta-net needs flash-linear-attention's context-parallel kernel (Triton, no CPU
-# build): the SP tests' Qwen3.5 has full-attention layers only; the vision tower they test is the same.
-FULL_ATTENTION = ["full_attention", "full_attention"]
 TOKENS = dict(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START)
 
 
@@ -114,7 +111,7 @@ def has_qwen3_5(verl: bool = False) -> bool:
 
 def tiny_qwen3_5(seed: int = 0, moe: bool = False, layer_types: list[str] | None = None, **text) -> torch.nn.Module:
     """A tiny Qwen3.5 (``moe``: Qwen3.5-MoE) with Qwen3-VL's tiny vision tower minus deepstack; ``layer_types``
-    overrides the text layers' (e.g. ``FULL_ATTENTION``), ``text`` the rest of the text config."""
+    overrides the text layers', ``text`` the rest of the text config."""
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,

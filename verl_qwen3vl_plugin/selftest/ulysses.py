@@ -6,16 +6,13 @@ The stand-ins replace only what cannot run on a CPU, and only in the process tha
 an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
 installed where verl's Ulysses attention wrapper calls it, so verl's all-to-all and slicing run unmodified; verl's
 pure-torch padding helpers (``verl.utils.npu_flash_attn_utils``, with ``einops``) where verl's ``attention_utils``
-would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks CUDA). ``build_model`` adds one on
-each Qwen3.5 model it builds: a chunked delta rule on the gated delta-net layers that keeps packed samples apart at
-``cu_seqlens``, as FLA's kernel does (transformers' torch fallback takes ``**kwargs`` from 5.10, so verl hands it
-``cu_seqlens``, which it ignores: samples would mix).
+would import ``flash_attn.bert_padding``; and verl's ``get_device_id`` (it asks CUDA). Qwen3.5's gated delta-net
+layers need none: they run transformers' torch fallback, as on Ascend, kept apart by ``qwen3_5_packed_delta_net``.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -48,25 +45,6 @@ def varlen_attention(q, k, v, attention_mask, query_length, *args, position_ids=
     return torch.cat(out, dim=1)
 
 
-def packed_delta_rule(rule: Callable) -> Callable:
-    """``rule`` (transformers' torch chunked delta rule) run on each packed sample between ``cu_seqlens`` bounds."""
-
-    def chunk(query, key, value, g, beta, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
-        if cu_seqlens is None:
-            return rule(query, key, value, g=g, beta=beta, **kwargs)
-        if kwargs.get("output_final_state") or kwargs.get("initial_state") is not None:
-            raise NotImplementedError("the CPU delta-rule stand-in packs samples for training only: no cached state")
-        bounds = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
-        out = [
-            rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **kwargs)[0]
-            for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-            if e > s
-        ]
-        return torch.cat(out, dim=1), None
-
-    return chunk
-
-
 def install_cpu_stand_ins() -> None:
     from verl.models.transformers import monkey_patch
     from verl.utils import attention_utils, npu_flash_attn_utils
@@ -84,20 +62,16 @@ def install_cpu_stand_ins() -> None:
     attention_utils._get_attention_functions = lambda: padding
 
 
-def build_model(kind: str, text: dict | None = None, layer_types: list[str] | None = None, **vision) -> torch.nn.Module:
+def build_model(kind: str, text: dict | None = None, **vision) -> torch.nn.Module:
     """A seeded tiny model set up for verl's flash-attention path: Qwen3-VL (``dense``), Qwen3-VL-MoE (``moe``),
-    Qwen3.5 (``qwen3_5``) or Qwen3.5-MoE (``qwen3_5_moe``). ``text`` overrides the MoE text configs; ``layer_types``
-    Qwen3.5's (``tiny_models.FULL_ATTENTION`` for verl's Ulysses path on a CPU)."""
+    Qwen3.5 (``qwen3_5``) or Qwen3.5-MoE (``qwen3_5_moe``); ``text`` overrides the text config."""
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_5, tiny_qwen3_vl, tiny_qwen3_vl_moe
 
     if kind.startswith("qwen3_5"):
-        built = tiny_qwen3_5(moe=kind == "qwen3_5_moe", layer_types=layer_types, **(text or {}))
+        built = tiny_qwen3_5(moe=kind == "qwen3_5_moe", **(text or {}))
     else:
         built = tiny_qwen3_vl(**vision) if kind == "dense" else tiny_qwen3_vl_moe(vision=vision, **(text or {}))
     model = randomize(built, seed=0)
-    for module in model.modules():
-        if hasattr(module, "chunk_gated_delta_rule"):  # Qwen3.5's gated delta-net layers
-            module.chunk_gated_delta_rule = packed_delta_rule(module.chunk_gated_delta_rule)
     for config in (model.config, model.config.text_config, model.config.vision_config):
         config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention
     return model

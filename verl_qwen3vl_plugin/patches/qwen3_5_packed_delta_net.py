@@ -1,0 +1,195 @@
+"""Patch ``qwen3_5_packed_delta_net``: Qwen3.5's gated delta-net (linear attention) layers keep verl's packed samples
+apart, on every stack and device, and run under Ulysses SP without flash-linear-attention (FLA).
+
+verl packs a micro-batch into one row (``use_remove_padding``). A gated delta-net layer carries a recurrent state and
+a causal convolution along the row, so both must restart at each sample. Where they do not, log-probs are wrong and
+nothing says so.
+
+Targets:
+- ``verl.models.transformers.qwen3_5`` (verl 0.9.x): ``qwen3_5_gated_delta_net_forward``, which
+  ``apply_monkey_patch`` imports by name and installs on both Qwen3.5 layer classes. It hands ``cu_seqlens`` to any
+  delta rule whose signature takes them or ``**kwargs``: FLA's kernel (right), and transformers >= 5.9's torch
+  fallback, which ignores them (samples mix). On transformers <= 5.8 it loops over samples in Python (right, one
+  kernel per sample), and without FLA it has no Ulysses path (``NotImplementedError``, or on >= 5.9 a silent wrong
+  answer).
+- ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe`` (verl 0.8.0): verl
+  leaves transformers' layers in place and passes them no boundaries, FLA or not; its Ulysses slicing starts each
+  rank's recurrence from zero mid-sequence.
+
+Known shapes (the probe's whole knowledge):
+- verl 0.9.x: ``qwen3_5_gated_delta_net_forward(self, hidden_states, cache_params, attention_mask, cu_seqlens,
+  cu_seqlens_cpu)`` calling ``_packed_chunk_gated_delta_rule``, which asks ``_call_accepts_kwarg`` about
+  ``cu_seqlens``. Where FLA runs (installed, CUDA: transformers' own condition) that is FLA's varlen and
+  context-parallel kernels: fixed upstream. Elsewhere the plugin applies, saying whether transformers' fallback
+  ignores the boundaries (``**kwargs``) or verl loops.
+- verl 0.8.0: its ``qwen3_5`` module has ``qwen3_5_base_forward`` and no delta-net forward (verl target: not used);
+  transformers' ``<Family>GatedDeltaNet.forward(self, hidden_states, cache_params, ...)`` and a
+  ``<Family>DecoderLayer.forward`` that takes ``position_ids`` and calls ``self.linear_attn`` without boundaries.
+- verl 0.7.x: no Qwen3.5 forward in verl: not used.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+
+VERL_TARGET = "verl.models.transformers.qwen3_5"
+FUNCTION = "qwen3_5_gated_delta_net_forward"
+PARAMETERS = ["self", "hidden_states", "cache_params", "attention_mask", "cu_seqlens", "cu_seqlens_cpu"]
+# transformers module -> its class-name prefix
+FAMILIES = {
+    "transformers.models.qwen3_5.modeling_qwen3_5": "Qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5Moe",
+}
+FALLBACK = "torch_chunk_gated_delta_rule"
+NO_VERL_QWEN3_5 = "this verl has no Qwen3.5 forward (verl >= 0.8 trains Qwen3.5)"
+
+
+def fla_in_use() -> bool:
+    """transformers' own condition for FLA's kernels in these layers: FLA installed and CUDA available."""
+    return importlib.util.find_spec("fla") is not None and compat.devices()["cuda"]
+
+
+def _fallback_takes_kwargs() -> bool | None:
+    """Whether transformers' torch chunked rule takes ``**kwargs`` (>= 5.9: verl's ``cu_seqlens`` check passes and
+    the boundaries are ignored); None where it cannot be read."""
+    func = compat.find_function(compat.installed(next(iter(FAMILIES))).tree, FALLBACK)
+    return None if func is None else func.args.kwarg is not None
+
+
+def decide_verl(tree: ast.Module) -> Decision:
+    func = compat.find_function(tree, FUNCTION)
+    if func is None:
+        if compat.find_function(tree, "qwen3_5_base_forward") is not None:
+            return Decision(
+                Verdict.NOT_USED,
+                "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)",
+            )
+        return Decision(Verdict.UNRECOGNIZED, f"{VERL_TARGET} has neither {FUNCTION} nor qwen3_5_base_forward")
+    helper = compat.find_function(tree, "_packed_chunk_gated_delta_rule")
+    if (
+        compat.parameters(func) != PARAMETERS
+        or helper is None
+        or not compat.calls(func, helper.name)
+        or not compat.calls(helper, "_call_accepts_kwarg")
+        or not compat.has_string(helper, "cu_seqlens")
+    ):
+        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)")
+    if fla_in_use():
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "packed samples kept apart by FLA: verl hands its varlen kernel the boundaries, and its context-parallel "
+            "kernel runs under Ulysses",
+        )
+    takes_kwargs = _fallback_takes_kwargs()
+    if takes_kwargs is None:
+        return Decision(Verdict.UNRECOGNIZED, f"transformers' Qwen3.5 modeling has no {FALLBACK}")
+    if takes_kwargs:
+        return Decision(
+            Verdict.APPLY,
+            "packed samples kept apart by the plugin: without FLA verl hands transformers' torch fallback cu_seqlens, "
+            "which it takes as **kwargs and ignores (transformers >= 5.9): samples would mix",
+        )
+    return Decision(
+        Verdict.APPLY,
+        "packed samples kept apart by the plugin: without FLA verl splits them in a Python loop (right, one kernel "
+        "per sample) and has no Ulysses SP; the plugin's varlen path is faster and runs SP",
+    )
+
+
+def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
+    calls = [
+        n
+        for n in compat.call_nodes(decoder_forward, "linear_attn")
+        if isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
+    ]
+    return {k.arg for k in calls[0].keywords} if len(calls) == 1 else None
+
+
+def decide_transformers(tree: ast.Module, module: str) -> Decision:
+    verl = compat.installed(VERL_TARGET)
+    if verl.tree is None:
+        if verl.missing:
+            return Decision(Verdict.NOT_USED, NO_VERL_QWEN3_5)
+        return Decision(Verdict.UNRECOGNIZED, f"{VERL_TARGET} {verl.problem}")
+    if compat.find_function(verl.tree, FUNCTION) is not None:
+        return Decision(Verdict.NOT_USED, f"verl replaces this layer's forward with its {FUNCTION} (its own target)")
+    prefix = FAMILIES[module]
+    layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
+    decoder = compat.find_function(compat.find_class(tree, f"{prefix}DecoderLayer"), "forward")
+    if layer is None or decoder is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward")
+    keywords = _linear_attn_keywords(decoder)
+    if (
+        compat.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
+        or "position_ids" not in compat.parameters(decoder)
+        or keywords is None
+        or "hidden_states" not in keywords
+        or keywords & {"cu_seqlens", "cu_seq_lens_q", "seq_idx"}
+    ):
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            f"{prefix}DecoderLayer does not call self.linear_attn(hidden_states=...) without boundaries as "
+            "transformers 5.2 to 5.10 do",
+        )
+    return Decision(
+        Verdict.APPLY,
+        "packed samples kept apart by the plugin: verl 0.8 passes this layer no boundaries, so its convolution and "
+        "recurrence run across packed samples (FLA or not), and under Ulysses each rank's starts from zero",
+    )
+
+
+def _apply_verl(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import packed_forward
+
+    setattr(module, FUNCTION, packed_forward(getattr(module, FUNCTION)))
+
+
+def _apply_transformers(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import boundary_decoder_forward, packed_forward
+
+    prefix = FAMILIES[module.__name__]
+    layer, decoder = getattr(module, f"{prefix}GatedDeltaNet"), getattr(module, f"{prefix}DecoderLayer")
+    layer.forward = packed_forward(layer.forward)
+    decoder.forward = boundary_decoder_forward(decoder.forward)
+
+
+def _transformers_target(module: str) -> Target:
+    return Target(
+        module,
+        lambda tree: decide_transformers(tree, module),
+        _apply_transformers,
+        not_used_when_absent("this transformers has no Qwen3.5 (>= 5.2)"),
+    )
+
+
+PATCH = Patch(
+    name="qwen3_5_packed_delta_net",
+    group=MODEL,
+    targets=(
+        Target(VERL_TARGET, decide_verl, _apply_verl, not_used_when_absent(NO_VERL_QWEN3_5)),
+        *(_transformers_target(module) for module in FAMILIES),
+    ),
+    devices=None,
+    why=(
+        "Three of every four Qwen3.5 decoder layers are gated delta-net layers, whose recurrent state and causal "
+        "convolution must restart at each of verl's packed samples. They do not with transformers >= 5.9's torch "
+        "fallback on verl 0.9 (no FLA: always on Ascend), nor anywhere on verl 0.8, and Ulysses SP without FLA is "
+        "wrong (0.8, and 0.9 on >= 5.9) or refused (0.9 on <= 5.8): log-probs are silently wrong."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net.packed_forward wraps the layer forward (verl 0.9's, "
+        "or transformers' with boundary_decoder_forward reading them from the packed position ids on verl 0.8): "
+        "packed rows run delta_net_varlen's chunked rule and convolution, every sample from a zero state, in one "
+        "pass over all samples' chunks; under Ulysses one all-to-all to head shards and one back. Cached generation, "
+        "unpacked batches and verl 0.9's FLA path are passed through."
+    ),
+    upstream=("verl#6660", "verl#5762", "verl#6486"),
+    remove_when="verl hands the boundaries to every delta rule that honours them and runs Ulysses without FLA, in the "
+    "oldest verl you run with Qwen3.5.",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_5_packed_delta_net",
+)
