@@ -51,6 +51,13 @@ EXPECTED_VERDICTS = {
         ("verl.workers.engine_workers", "verl.workers.engine.base"),
         "apply" if VERL.release >= (0, 7, 1) else "not_used",
     ),
+    "qwen3_5_packed_delta_net": {  # no FLA here: verl 0.9's forward wrapped, verl 0.8's transformers layers
+        "verl.models.transformers.qwen3_5": "apply" if VERL.release >= (0, 9) else "not_used",
+        **dict.fromkeys(
+            ("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"),
+            "apply" if VERL.release[:2] == (0, 8) else "not_used",
+        ),
+    },
     "qwen3_vl_moe_routing_replay": {  # the router of this transformers; the legacy actor on 0.7, the engine on all
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextSparseMoeBlock.forward": "apply"
         if TRANSFORMERS.major < 5

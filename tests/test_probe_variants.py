@@ -30,6 +30,7 @@ ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 ENGINE_UTILS = "verl.workers.engine.utils"
 VISION = "transformers.models.qwen3_vl.modeling_qwen3_vl"
 MOE = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
+QWEN3_5_VERL = "verl.models.transformers.qwen3_5"
 
 
 def replace(old: str, new: str) -> Edit:
@@ -566,6 +567,52 @@ _SHAPES = [
         for target, cls in (
             ("verl.workers.engine_workers", "TrainingWorker"),
             ("verl.workers.engine.base", "BaseEngine"),
+        )
+    ),
+    Shape(
+        "qwen3_5_packed_delta_net",
+        QWEN3_5_VERL,
+        "verl 0.8 has no delta-net forward of its own",
+        (
+            Variant(
+                "verl defines a delta-net forward of another shape",
+                QWEN3_5_VERL,
+                lambda source: source + "\n\ndef qwen3_5_gated_delta_net_forward(self, hidden_states):\n    return 0\n",
+                UNRECOGNIZED,
+            ),
+            Variant(
+                "the base forward is renamed",
+                QWEN3_5_VERL,
+                substitute(r"\bdef qwen3_5_base_forward\b", "def qwen3_5_base_forward2"),
+                UNRECOGNIZED,
+            ),
+        ),
+    ),
+    *(
+        Shape(
+            "qwen3_5_packed_delta_net",
+            target,
+            "verl replaces this layer's forward",
+            (
+                # Without verl's forward, or with apply_monkey_patch no longer installing it, transformers' layer
+                # runs: the plugin wraps it, which is right whether verl's decoder passes boundaries or not.
+                Variant(
+                    "verl's forward is renamed",
+                    QWEN3_5_VERL,
+                    substitute(r"\bqwen3_5_gated_delta_net_forward\b", "qwen3_5_linear_forward"),
+                    APPLY,
+                ),
+                Variant(
+                    "apply_monkey_patch no longer installs it",
+                    "verl.models.transformers.monkey_patch",
+                    substitute(r"\bqwen3_5_gated_delta_net_forward\b", "qwen3_5_linear_forward"),
+                    APPLY,
+                ),
+            ),
+        )
+        for target in (
+            "transformers.models.qwen3_5.modeling_qwen3_5",
+            "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
         )
     ),
 ]

@@ -25,6 +25,8 @@ CASES = {  # the child's cases, as patch counts per tower call (images, then vid
 DUMMY = VISION["spatial_merge_size"] ** 2  # what a rank without an image runs
 # fp32 rounding: a rank's tower computes a subset of the rows, and gradients are summed in another order.
 LOG_PROB_ATOL, GRAD_RTOL = 1e-5, 1e-5
+# Qwen3.5, with its gated delta-net layers under SP too: 2e-5 seen on small gradients (fp32 sums in another order).
+QWEN3_5_GRAD_RTOL = 1e-4
 
 
 def run(kind: str, cases: list[str], *args: str, env: dict[str, str] | None = None) -> list[dict]:
@@ -44,11 +46,11 @@ def expected_rows(case: str) -> list[list[int]]:
     return [[call[rank] for call in per_call] for rank in (0, 1)]
 
 
-def check_case(results: list[dict], case: str) -> None:
+def check_case(results: list[dict], case: str, grad_rtol: float = GRAD_RTOL) -> None:
     per_rank = [r[case] for r in results]
     for r in per_rank:
         assert r["log_prob_diff"] <= LOG_PROB_ATOL and r["entropy_diff"] <= LOG_PROB_ATOL, (case, r)
-        assert r["grad_rel_diff"] <= GRAD_RTOL, (case, r)
+        assert r["grad_rel_diff"] <= grad_rtol, (case, r)
     assert [r["sp2_patch_rows"] for r in per_rank] == expected_rows(case), case
     sp1_calls = per_rank[0]["sp1_patch_rows"]
     assert {len(r["sp2_patch_rows"]) for r in per_rank} == {len(sp1_calls)}, "every rank makes SP = 1's tower calls"
@@ -82,7 +84,7 @@ def test_qwen3_5_sp2_with_vision_dp_matches_sp1(kind, fsdp):
     cases = ["mixed", "video"]
     results = run(kind, cases, fsdp)
     for case in cases:
-        check_case(results, case)
+        check_case(results, case, QWEN3_5_GRAD_RTOL)
 
 
 @pytest.mark.skipif(

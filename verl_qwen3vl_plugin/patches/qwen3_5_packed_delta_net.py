@@ -39,6 +39,7 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 VERL_TARGET = "verl.models.transformers.qwen3_5"
 FUNCTION = "qwen3_5_gated_delta_net_forward"
+MONKEY_PATCH = "verl.models.transformers.monkey_patch"  # whose apply_monkey_patch installs it
 PARAMETERS = ["self", "hidden_states", "cache_params", "attention_mask", "cu_seqlens", "cu_seqlens_cpu"]
 # transformers module -> its class-name prefix
 FAMILIES = {
@@ -116,7 +117,9 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
         if verl.missing:
             return Decision(Verdict.NOT_USED, NO_VERL_QWEN3_5)
         return Decision(Verdict.UNRECOGNIZED, f"{VERL_TARGET} {verl.problem}")
-    if compat.find_function(verl.tree, FUNCTION) is not None:
+    if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
+        compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
+    ):
         return Decision(Verdict.NOT_USED, f"verl replaces this layer's forward with its {FUNCTION} (its own target)")
     prefix = FAMILIES[module]
     layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
