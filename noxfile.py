@@ -150,3 +150,12 @@ def bench_routing_replay(session: nox.Session, stack: str) -> None:
     R3's overhead on one update; verl 0.7.1's legacy actor and verl 0.9.1's FSDP engine."""
     session.install(TORCH, *STACKS[stack], "-e", ".[test]")
     session.run("python", "benchmarks/routing_replay.py", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("stack", ["verl0.9.0-tf5.8.1", "verl0.9.1-tf5.10.4"])
+def bench_delta_net(session: nox.Session, stack: str) -> None:
+    """CPU benchmark of the packed gated delta rule (docs/performance.md): against verl's per-sample loop
+    (transformers 5.8) and against the single-row fallback that mixes samples (5.10)."""
+    session.install(TORCH, *STACKS[stack], ".")
+    session.run("python", "benchmarks/delta_net_varlen.py", *session.posargs)

@@ -137,13 +137,17 @@ QWEN3_5_TARGETS = [(p, t) for p in PATCHES for t in p.targets if "qwen3_5" in t.
 @pytest.mark.parametrize("patch, target", QWEN3_5_TARGETS, ids=[f"{p.name}-{t.label}" for p, t in QWEN3_5_TARGETS])
 def test_a_stack_without_qwen3_5_reads_not_used_for_its_targets(patch: Patch, target):
     """transformers < 5.2 and verl < 0.8 have no Qwen3.5: its targets are "not used" there, saying why; the same
-    patch's Qwen3-VL sibling judges its own absence (fails closed unless it declares why it may be absent)."""
+    patch's Qwen3-VL sibling, where it has one, judges its own absence (fails closed unless it declares why it may be
+    absent)."""
     from tests.helpers import judge
     from verl_qwen3vl_plugin.registry import Verdict
 
     verdict, reason = judge(patch, target, None)
     assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
-    sibling = next(t for t in patch.targets if t.module == target.module.replace("qwen3_5", "qwen3_vl"))
+    sibling = next((t for t in patch.targets if t.module == target.module.replace("qwen3_5", "qwen3_vl")), None)
+    if sibling is None:  # a Qwen3.5-only patch
+        assert all("qwen3_5" in t.module for t in patch.targets), patch.targets
+        return
     verdict, reason = judge(patch, sibling, None)
     assert "Qwen3.5" not in reason
     assert verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), reason

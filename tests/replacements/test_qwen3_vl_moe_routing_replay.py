@@ -56,11 +56,8 @@ def test_checkpoint_recompute_replays_the_same_routes(single):
 
 
 def test_dynamic_batches_keep_routes_in_batch_order(single):
-    if single["kind"] == "qwen3_5_moe" and VERL.release < (0, 9):
-        pytest.skip(
-            "verl 0.8's engine packs samples without telling Qwen3.5's gated delta-net layers where each ends: its "
-            "log-probs (replay off) depend on how samples are grouped into micro-batches"
-        )
+    """Qwen3.5-MoE too: its gated delta-net layers keep packed samples apart (``qwen3_5_packed_delta_net``), so
+    dynamic batching's regrouping leaves the log-probs as static batching's."""
     assert single["dynamic_r2_record_same"] and single["dynamic_r3_log_prob_diff"] < 1e-5
 
 

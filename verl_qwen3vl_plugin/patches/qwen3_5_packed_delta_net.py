@@ -79,7 +79,9 @@ def decide_verl(tree: ast.Module) -> Decision:
         or not compat.calls(helper, "_call_accepts_kwarg")
         or not compat.has_string(helper, "cu_seqlens")
     ):
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)")
+        return Decision(
+            Verdict.UNRECOGNIZED, f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)"
+        )
     if fla_in_use():
         return Decision(
             Verdict.FIXED_UPSTREAM,

@@ -82,7 +82,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = x * weight[:, -1:]
     for back in range(1, kernel):  # the tap ``back`` tokens behind
         reachable = (layout.position >= back).to(x.dtype)
-        out = out + padded[..., kernel - 1 - back : kernel - 1 - back + x.shape[-1]] * weight[:, -1 - back, None] * reachable
+        out = (
+            out
+            + padded[..., kernel - 1 - back : kernel - 1 - back + x.shape[-1]] * weight[:, -1 - back, None] * reachable
+        )
     if bias is not None:
         out = out + bias[:, None]
     return F.silu(out)

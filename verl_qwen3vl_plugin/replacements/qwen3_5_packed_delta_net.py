@@ -157,7 +157,9 @@ def packed_delta_net(
         parts = (mixed[..., :key], mixed[..., key : 2 * key], mixed[..., 2 * key :], b, a)
         widths = [p.shape[-1] // size for p in parts]
         local = torch.cat([p.unflatten(-1, (size, -1)) for p in parts], dim=-1)  # (1, seq / size, size, ...)
-        q_, k_, v_, b, a = gather_seq_scatter_heads(local, seq_dim=1, head_dim=2, group=group)[:, :, 0].split(widths, -1)
+        q_, k_, v_, b, a = gather_seq_scatter_heads(local, seq_dim=1, head_dim=2, group=group)[:, :, 0].split(
+            widths, -1
+        )
         mixed = torch.cat([q_, k_, v_], dim=-1)
         rank = dist.get_rank(group)
         channels = _head_channels(layer, rank, size).to(weight.device)

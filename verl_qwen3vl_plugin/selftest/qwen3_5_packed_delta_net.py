@@ -4,11 +4,12 @@ against each sample run alone with the upstream layers (transformers' own fallba
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check
+from verl_qwen3vl_plugin.selftest import Check, in_child
 
 # Very different lengths, one below a 64-token chunk: 26, 90 and 221 tokens with the response.
 SAMPLES = [[(1, 4, 4)], [(1, 16, 20)], [(1, 8, 8), (1, 24, 32)]]
@@ -91,11 +92,28 @@ def packed_against_alone(model: torch.nn.Module, samples: list = SAMPLES, patche
     }
 
 
+def checks_here() -> list[Check]:
+    """In a process of its own (``apply_monkey_patch`` rewires transformers' Qwen3.5 for the rest of it, and prints):
+    verl imported, the model hooks installed."""
+    import verl  # noqa: F401
+
+    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.registry import MODEL
+
+    install(MODEL)
+    found = packed_against_alone(verl_model())
+    ok = found["log_prob_diff"] <= LOG_PROB_ATOL and found["grad_rel_diff"] <= GRAD_RTOL
+    return [Check(f"packed Qwen3.5 samples of lengths {found['lengths']} equal each alone", ok, str(found))]
+
+
 def run() -> list[Check]:
+    from verl_qwen3vl_plugin.registry import DISABLE_ENV
     from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
 
     if not has_qwen3_5(verl=True):
         return [Check("packed Qwen3.5 samples", True, "no Qwen3.5 in this verl / transformers: nothing to check")]
-    found = packed_against_alone(verl_model())
-    ok = found["log_prob_diff"] <= LOG_PROB_ATOL and found["grad_rel_diff"] <= GRAD_RTOL
-    return [Check(f"packed Qwen3.5 samples of lengths {found['lengths']} equal each alone", ok, str(found))]
+    return in_child(__name__, "packed Qwen3.5 samples", drop=(DISABLE_ENV,))  # the patch, not the user's setup
+
+
+if __name__ == "__main__":
+    print(json.dumps([list(c) for c in checks_here()]))
