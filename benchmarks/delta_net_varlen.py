@@ -49,15 +49,15 @@ def implementations() -> dict:
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
     from verl.models.transformers.qwen3_5 import _packed_chunk_gated_delta_rule
 
-    from verl_qwen3vl_plugin.replacements.delta_net_varlen import Layout, chunk_gated_delta_rule, lengths_of
+    from verl_qwen3vl_plugin.replacements.delta_net_varlen import chunk_gated_delta_rule, layout_for, lengths_of
 
     layer = SimpleNamespace(chunk_gated_delta_rule=torch_chunk_gated_delta_rule)
 
     def verl(q, k, v, g, beta, cu, cu_cpu):
         return _packed_chunk_gated_delta_rule(layer, q, k, v, g, beta, cu, cu_cpu)[0]
 
-    def plugin(q, k, v, g, beta, cu, cu_cpu):
-        return chunk_gated_delta_rule(q, k, v, g, beta, Layout(lengths_of(cu, cu_cpu), q.device))
+    def plugin(q, k, v, g, beta, cu, cu_cpu):  # as packed_delta_net calls it: one layout per packing, for all layers
+        return chunk_gated_delta_rule(q, k, v, g, beta, layout_for(tuple(lengths_of(cu, cu_cpu)), q.device))
 
     # **kwargs (transformers >= 5.9): verl's keyword check passes, and the fallback ignores cu_seqlens
     mixes = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(torch_chunk_gated_delta_rule).parameters.values())

@@ -3,8 +3,7 @@
 (``selftest.qwen3_5_packed_delta_net``); and one micro-batch packed in two orders. Prints one JSON object.
 
 ``npu``: the path Ascend takes, on the CPU: verl's real ``npu_patch`` (its norms, rotary embedding and Qwen3.5-MoE
-experts) over the package's reference ``torch_npu`` ops, and the forward substitution in place of the triangular
-solve, as on a device without one."""
+experts) over the package's reference ``torch_npu`` ops."""
 
 import contextlib
 import json
@@ -13,7 +12,6 @@ import sys
 import torch
 import verl  # noqa: F401
 
-from verl_qwen3vl_plugin.replacements import delta_net_varlen
 from verl_qwen3vl_plugin.selftest import qwen3_5_packed_delta_net as selftest
 from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 from verl_qwen3vl_plugin.selftest.ulysses import engine_forward, micro_batch
@@ -32,7 +30,6 @@ with fake_torch_npu() if NPU else contextlib.nullcontext():
 
         getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 patches here, 0.8 at import
         result["npu_norm"] = transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeRMSNorm.forward.__module__
-        delta_net_varlen._solve_unit_lower = delta_net_varlen._forward_substitution
     for kind in ("qwen3_5", "qwen3_5_moe"):
         model = selftest.verl_model(kind)
         result[kind] = {

@@ -66,13 +66,13 @@ def test_rule_equals_each_sample_alone_through_transformers_fallback(dtype, atol
     assert (whole.float() - reference.float()).abs().max() > 5 * atol, "the unsplit row must show the mixing"
 
 
-@needs_tf
-def test_forward_substitution_is_the_triangular_solve():
-    """The path taken on devices without a triangular solve (Ascend), run here on the CPU."""
+def test_unit_lower_inverse_is_lapacks():
+    """The matmul-only inverse (every device, Ascend included) against LAPACK's triangular solve."""
     generator = torch.Generator().manual_seed(2)
-    lower = torch.randn(3, 2, 64, 64, generator=generator).tril(-1) * 0.1
-    rhs = torch.randn(3, 2, 64, 24, generator=generator)
-    assert torch.allclose(varlen._forward_substitution(lower, rhs), varlen._solve_unit_lower(lower, rhs), atol=1e-5)
+    lower = torch.randn(3, 2, 64, 64, generator=generator, dtype=torch.float64).tril(-1) * 0.3
+    eye = torch.eye(64, dtype=torch.float64)
+    expected = torch.linalg.solve_triangular(lower + eye, eye.expand_as(lower), upper=False, unitriangular=True)
+    assert torch.allclose(varlen._unit_lower_inverse(lower), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_conv_restarts_at_each_sample():
@@ -160,7 +160,7 @@ def test_packed_micro_batch_equals_each_sample_alone(through_verl, kind):
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
 def test_ascend_path_on_reference_ops_equals_each_sample_alone(ascend_path, kind):
     """What Ascend runs: transformers' fallback (never FLA off CUDA) under verl's NPU norms, rotary embedding and
-    experts, on the package's CPU reference torch_npu ops, with the forward substitution for the triangular solve."""
+    experts, on the package's CPU reference torch_npu ops."""
     found = ascend_path
     assert found["npu_norm"] == "verl.models.transformers.npu_patch", found
     on, off = found[kind]["on"], found[kind]["off"]

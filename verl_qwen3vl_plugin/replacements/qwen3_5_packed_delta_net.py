@@ -26,7 +26,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from verl_qwen3vl_plugin.replacements.delta_net_varlen import Layout, causal_conv1d, chunk_gated_delta_rule, lengths_of
+from verl_qwen3vl_plugin.replacements.delta_net_varlen import (
+    causal_conv1d,
+    chunk_gated_delta_rule,
+    layout_for,
+    lengths_of,
+)
 
 # (cu_seqlens, its host copy) of the packed row the current decoder layer runs on (verl 0.8), or None
 _BOUNDARIES: ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = ContextVar("qwen3_5_boundaries", default=None)
@@ -173,7 +178,7 @@ def packed_delta_net(
         raise ValueError(f"packed cu_seqlens end at {sum(lengths)}, past the row's {total} tokens")
     if sum(lengths) < total:
         lengths.append(total - sum(lengths))
-    layout = Layout(lengths, mixed.device)
+    layout = layout_for(tuple(lengths), mixed.device)
     mixed = causal_conv1d(mixed.transpose(1, 2), weight, bias, layout).transpose(1, 2)
     key_width = heads_k * layer.head_k_dim
     query, key, value = mixed.split([key_width, key_width, heads_v * layer.head_v_dim], dim=-1)

@@ -13,7 +13,7 @@ from verl_qwen3vl_plugin.selftest import Check, in_child
 
 # Very different lengths, one below a 64-token chunk: 26, 90 and 221 tokens with the response.
 SAMPLES = [[(1, 4, 4)], [(1, 16, 20)], [(1, 8, 8), (1, 24, 32)]]
-# fp32: the plugin's chunk grid and triangular solve sum in another order than transformers' loop.
+# fp32: the plugin's chunk grid and block inverse sum in another order than transformers' loop.
 LOG_PROB_ATOL, GRAD_RTOL = 1e-4, 1e-4
 
 
