@@ -90,7 +90,7 @@ def _running(actor, session: _Session):
 def compute_log_prob(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, data, *args, **kwargs):
-        mode = None if self in _off else routes.mode_of(self.config)
+        mode = None if self in _off else routes.mode_of(getattr(self, "config", None))
         if mode is None:
             return original(self, data, *args, **kwargs)
         phase = RECORD if mode == "R2" else REPLAY
@@ -111,7 +111,7 @@ def compute_log_prob(original: Callable) -> Callable:
 def update_policy(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, data, *args, **kwargs):
-        mode = routes.mode_of(self.config)
+        mode = routes.mode_of(getattr(self, "config", None))
         if mode is None:
             return original(self, data, *args, **kwargs)
         with _running(self, _session(self, data, REPLAY, mode)):
