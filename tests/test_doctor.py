@@ -192,6 +192,8 @@ def test_says_whether_routing_replay_is_available_and_how(plain_json):
     assert line.startswith("available (off by default)"), line
     assert ENGINE_SWITCH in line and (LEGACY_SWITCH in line) == (VERL.release < (0, 8)), line
     assert "enable_rollout_routing_replay=True" in line
+    # the test stacks install no rollout engine; tests/test_rollout_engines.py covers those that record or not
+    assert report["rollout_side"].startswith("unknown here: no vLLM"), report["rollout_side"]
 
 
 def test_routing_replay_unavailable_says_why():

