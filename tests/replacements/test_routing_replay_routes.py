@@ -126,3 +126,18 @@ def test_replaying_a_routers_own_routes_returns_what_upstream_returns_in_bf16(mo
         routes.begin(None)
     for ours, theirs in zip(replayed, expected, strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+class Experts(nn.Module):
+    top_k, num_experts = 2, 300  # more than 256: vLLM records them as uint16
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.int16, torch.int32, torch.int64], ids=str)
+def test_every_integer_record_dtype_verl_and_vllm_produce_is_read(dtype):
+    """uint8 / uint16 (vLLM >= 0.22, by expert count), int32 (vLLM 0.14), int64 (verl's as_dict), int16 (verl)."""
+    highest = 255 if dtype == torch.uint8 else 299
+    routes.check_record(torch.tensor([[[0, highest]], [[7, 3]]]).to(dtype), (2,), {Experts(): 0}, "the record")
+    if dtype != torch.uint8:
+        past = torch.tensor([[[1, 300]], [[7, 3]]]).to(dtype)
+        with pytest.raises(routes.ReplayError, match=r"expert ids in \[1, 300\], but the model has 300 experts"):
+            routes.check_record(past, (2,), {Experts(): 0}, "the record")

@@ -232,8 +232,9 @@ def check_record(record: torch.Tensor, tokens: tuple[int, ...], routers: Mapping
             f"{what} has shape {tuple(record.shape)}, but the batch and model need {(*tokens, layers, k)} "
             f"(tokens, {layers} MoE layers, top_k {k})"
         )
-    if record.numel() and (int(record.min()) < 0 or int(record.max()) >= experts):
-        raise ReplayError(
-            f"{what} holds expert ids in [{int(record.min())}, {int(record.max())}], but the model has "
-            f"{experts} experts"
-        )
+    if record.numel():
+        # torch has no min / max for uint16 and uint32 (vLLM's record of more than 256 experts): read them widened
+        ids = record.long() if record.dtype in (torch.uint16, torch.uint32, torch.uint64) else record
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= experts:
+            raise ReplayError(f"{what} holds expert ids in [{low}, {high}], but the model has {experts} experts")
