@@ -66,11 +66,12 @@ def test_rule_equals_each_sample_alone_through_transformers_fallback(dtype, atol
     assert (whole.float() - reference.float()).abs().max() > 5 * atol, "the unsplit row must show the mixing"
 
 
-def test_unit_lower_inverse_is_lapacks():
+@pytest.mark.parametrize("n", [64, 7])
+def test_unit_lower_inverse_is_lapacks(n):
     """The matmul-only inverse (every device, Ascend included) against LAPACK's triangular solve."""
     generator = torch.Generator().manual_seed(2)
-    lower = torch.randn(3, 2, 64, 64, generator=generator, dtype=torch.float64).tril(-1) * 0.3
-    eye = torch.eye(64, dtype=torch.float64)
+    lower = torch.randn(3, 2, n, n, generator=generator, dtype=torch.float64).tril(-1) * 0.3
+    eye = torch.eye(n, dtype=torch.float64)
     expected = torch.linalg.solve_triangular(lower + eye, eye.expand_as(lower), upper=False, unitriangular=True)
     assert torch.allclose(varlen._unit_lower_inverse(lower), expected, rtol=1e-10, atol=1e-10)
 

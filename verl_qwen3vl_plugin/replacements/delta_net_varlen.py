@@ -98,8 +98,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def _unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
-    """(I + lower)^-1 for ``lower`` strictly lower triangular (..., n, n), n a power of two: the inverse of a block
-    lower triangular matrix from its halves' inverses, [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]].
+    """(I + lower)^-1 for ``lower`` strictly lower triangular (..., n, n): the inverse of a block lower triangular
+    matrix from its diagonal blocks' inverses, [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]].
     Batched matmuls only, so the same code on every device (Ascend has no batched triangular solve in torch); on the
     CPU faster than LAPACK's batched solve for 64 x 64 chunks."""
     n = lower.shape[-1]
@@ -109,7 +109,7 @@ def _unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
     top = _unit_lower_inverse(lower[..., :half, :half])
     bottom = _unit_lower_inverse(lower[..., half:, half:])
     corner = -(bottom @ lower[..., half:, :half]) @ top
-    zeros = lower.new_zeros(*lower.shape[:-2], half, half)
+    zeros = lower.new_zeros(*lower.shape[:-2], half, n - half)
     return torch.cat([torch.cat([top, zeros], -1), torch.cat([corner, bottom], -1)], -2)
 
 
