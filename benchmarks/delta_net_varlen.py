@@ -21,13 +21,11 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import torch
-from pos_embed import _status_kb  # benchmarks/pos_embed.py, beside this script: the same memory probe
+from resident_memory import growth, in_child  # benchmarks/resident_memory.py, beside this script
 
 LENGTHS = [1024, 32, 517, 96, 800, 64, 250, 1000]
 DK = DV = 128
@@ -95,21 +93,12 @@ def memory_child(impl: str, heads: int, dtype: str, backward: bool) -> float:
     torch.set_num_threads(1)
     rule = implementations()[impl]
     args = inputs(heads, getattr(torch, dtype), backward)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kb("VmRSS")
-    out = call(rule, args, backward)
-    return (_status_kb("VmHWM") - before) * 1024 - out.numel() * out.element_size()
+    grown, out = growth(lambda: call(rule, args, backward))
+    return grown - out.numel() * out.element_size()
 
 
 def peak_memory(impl: str, heads: int, dtype: str, backward: bool) -> float:
-    args = [sys.executable, __file__, "--memory-child", json.dumps([impl, heads, dtype, backward])]
-    proc = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return float(proc.stdout.strip().splitlines()[-1])
+    return in_child(__file__, [impl, heads, dtype, backward])
 
 
 def main() -> None:

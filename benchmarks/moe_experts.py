@@ -23,13 +23,11 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import torch
-from pos_embed import _status_kb  # benchmarks/pos_embed.py, beside this script: the same memory probe
+from resident_memory import growth, in_child  # benchmarks/resident_memory.py, beside this script
 
 E, TOP_K, HIDDEN, INTER, LAYERS = 128, 8, 2048, 768, 48
 _KEEP = contextlib.ExitStack()
@@ -132,21 +130,12 @@ def memory_child(case: str, impl: str, tokens: int, dtype: str) -> float:
     experts, inputs = experts_module(cls, getattr(torch, dtype)), routed(tokens, getattr(torch, dtype))
     experts.eval()
     call(impls[impl], experts, routed(8, getattr(torch, dtype)), False)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kb("VmRSS")
-    out = call(impls[impl], experts, inputs, False)
-    return (_status_kb("VmHWM") - before) * 1024 - out.numel() * out.element_size()
+    grown, out = growth(lambda: call(impls[impl], experts, inputs, False))
+    return grown - out.numel() * out.element_size()
 
 
 def peak_memory(case: str, impl: str, tokens: int, dtype: str) -> float:
-    args = [sys.executable, __file__, "--memory-child", json.dumps([case, impl, tokens, dtype])]
-    proc = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return float(proc.stdout.strip().splitlines()[-1])
+    return in_child(__file__, [case, impl, tokens, dtype])
 
 
 def flops_per_token() -> tuple[float, float]:

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import torch
+from resident_memory import growth, in_child  # benchmarks/resident_memory.py, beside this script
 
 CASES = {
     "16 images": lambda: geo3k_like(16),
@@ -90,36 +88,12 @@ def peak_memory_child(impl: str, case: str, hidden: int, dtype: str, backward: b
     # before the measurement (at hidden 16 they would otherwise outweigh the output).
     tiny = torch.tensor([[1, 2, 2]])
     run_once(fn, model, tiny, backward, torch.zeros(4, hidden, dtype=getattr(torch, dtype)) if backward else None)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kb("VmRSS")
-    run_once(fn, model, grid, backward, grad_out)
-    grown = (_status_kb("VmHWM") - before) * 1024
+    grown, _ = growth(lambda: run_once(fn, model, grid, backward, grad_out))
     return (grown - out_bytes) / out_bytes
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def peak_memory(impl: str, case: str, hidden: int, dtype: str, backward: bool, threads: int) -> float:
-    args = [
-        sys.executable,
-        __file__,
-        "--family",
-        FAMILY,
-        "--memory-child",
-        json.dumps([impl, case, hidden, dtype, backward]),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return float(proc.stdout.strip().splitlines()[-1])
+    return in_child(__file__, [impl, case, hidden, dtype, backward], "--family", FAMILY, threads=threads, timeout=1800)
 
 
 def main() -> None:
