@@ -11,6 +11,7 @@ Prints one JSON object. CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` 
 """
 
 import json
+import os
 import socket
 import sys
 
@@ -81,6 +82,7 @@ def single(kind):
     dyn_r3 = replay.verl_pass(model, batch, mode="R3", record=record, dynamic=True)
     out["dynamic_r3_log_prob_diff"] = float((dyn_r3["log_probs"] - r3["log_probs"]).abs().max())
     out["errors"] = bad_inputs(model, batch, record)
+    out["fallback"] = fallback_metric(model, batch, record)
     out["worker_r2_returns_record"] = worker_r2(model, batch, r2["recorded"])
     out["off"] = off_numbers(model, batch)
     return out
@@ -121,8 +123,57 @@ def bad_inputs(model, batch, record):
         "expert_id": dict(mode="R3", record=out_of_range),
         "float_record": dict(mode="R3", record=record.float()),
         "mode": dict(mode="R4"),
+        "shifted_later": dict(mode="R3", record=shifted(record, 1)),
+        "shifted_earlier": dict(mode="R3", record=shifted(record, -2)),
+        "zero_layer": dict(mode="R3", record=zero_rows(record, batch, layer=1)),
     }
     return {name: error_of(lambda kw=kw: replay.verl_pass(model, batch, **kw)) for name, kw in cases.items()}
+
+
+def shifted(record, rows):
+    """The record moved ``rows`` tokens later (negative: earlier), as an image expanded into more (fewer)
+    placeholder tokens by the rollout engine than by the processor shifts it."""
+    out = torch.zeros_like(record)
+    if rows > 0:
+        out[:, rows:] = record[:, :-rows]
+    else:
+        out[:, :rows] = record[:, -rows:]
+    return out
+
+
+def zero_rows(record, batch, layer=None, every=None):
+    """The record with no route (verl's zeros) on one MoE layer for every token, or on every ``every``-th token
+    the engine ran, every layer: what an engine that skips its router hook returns."""
+    out = record.clone()
+    if layer is not None:
+        out[:, :, layer] = 0
+    else:
+        ran = batch["attention_mask"].bool() & ~replay.last_tokens(batch["attention_mask"])
+        rows = ran.flatten().nonzero().flatten()[::every]
+        out.view(-1, *out.shape[2:])[rows] = 0
+    return out
+
+
+def fallback_metric(model, batch, record):
+    """The update's ``routing_replay/fallback_fraction`` on a record missing every 7th row the engine ran, with the
+    threshold lifted; and what those rows are of all the rollout ran."""
+    from verl_qwen3vl_plugin.replacements.routing_replay.rollout_record import MAX_FALLBACK_ENV
+
+    holey = zero_rows(record, batch, every=7)
+    ran = batch["attention_mask"].bool() & ~replay.last_tokens(batch["attention_mask"])
+    os.environ[MAX_FALLBACK_ENV] = "1"
+    try:
+        result, chosen, _ = train_grads(model, batch, mode="R3", record=holey)
+    finally:
+        del os.environ[MAX_FALLBACK_ENV]
+    metric = result["metrics"]["routing_replay/fallback_fraction"]
+    missing = ran & (holey == 0).all(-1).all(-1)
+    own = chosen[missing]  # the model's own routes, never expert 0 twice
+    return {
+        "metric": metric[0] if isinstance(metric, list) else metric,
+        "expected": float(missing.sum() / ran.sum()),
+        "missing_rows_routed_by_model": bool((own.sort(-1).values.diff(dim=-1) != 0).all()),
+    }
 
 
 def off_numbers(model, batch):

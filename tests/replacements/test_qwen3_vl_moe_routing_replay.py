@@ -79,12 +79,24 @@ CASTS_RECORD = (0, 8) <= VERL.release < (0, 9, 1)  # verl's left_right_2_no_padd
         ("expert_id", "expert ids in [0, 8], but the model has 8 experts"),
         ("float_record", "expert ids must be integers"),
         ("mode", "R4"),
+        ("shifted_later", "does not fit sample 0: it has a route on token"),
+        # verl 0.7's padded batch: rows moved into the left padding; verl >= 0.8 drops those, the tail is short
+        ("shifted_earlier", "2 rows before its first token" if VERL.release < (0, 8) else "the loss uses its token"),
+        ("zero_layer", "50.0% of the (token, MoE layer) pairs the rollout ran have no route"),
     ],
 )
 def test_bad_input_raises_its_error(single, case, message):
     if case == "float_record" and CASTS_RECORD:
         pytest.skip("this verl's trainer casts the record to uint8 before the engine sees it")
     assert single["errors"][case] is not None and message in single["errors"][case], single["errors"][case]
+
+
+def test_rows_without_route_fall_back_to_the_model_and_are_counted(single):
+    """A record missing rows inside its samples (an engine that skipped its router hook): those tokens take the
+    model's own routes, and the update's metrics give their share of what the rollout ran."""
+    fallback = single["fallback"]
+    assert fallback["missing_rows_routed_by_model"]
+    assert fallback["metric"] == pytest.approx(fallback["expected"]) and fallback["metric"] > 0.1
 
 
 @both_paths

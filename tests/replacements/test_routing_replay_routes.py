@@ -30,8 +30,9 @@ def test_replayed_ids_weights_at_them_and_rows_without_record_keep_their_own():
 
 
 def test_replay_tallies_what_it_did_once_per_layer_and_micro_batch():
-    """The per-step figures verl logs: pairs replayed, the share with no record, and the share of replayed pairs
-    whose own top-k differs from the record. A checkpoint recompute (the same Routes routing again) counts once."""
+    """The per-step figures verl logs: pairs replayed, and the share of them whose own top-k differs from the
+    record. A checkpoint recompute (the same Routes routing again) counts once; a row with no record is not
+    replayed."""
     router = Router()
     probs = torch.tensor([[0.5, 0.3, 0.1, 0.05, 0.03, 0.02]] * 4)  # own top-2: {0, 1} on every row
     record = torch.tensor([[[1, 0]], [[2, 3]], [[0, 0]], [[0, 1]]], dtype=torch.int16)  # row 1 differs, row 2 none
@@ -39,13 +40,21 @@ def test_replay_tallies_what_it_did_once_per_layer_and_micro_batch():
     chosen = routes.Routes({router: 0}, record)
     chosen.choose(router, probs, 2)
     chosen.choose(router, probs, 2)  # the recompute in backward
-    assert routes.tally.metrics() == {
+    assert routes.step_metrics(0.25) == {
         "routing_replay/replayed_pairs": 3.0,
-        "routing_replay/fallback_fraction": 0.25,
         "routing_replay/own_route_mismatch": 1 / 3,
+        "routing_replay/fallback_fraction": 0.25,
     }
     routes.tally.reset()
     assert routes.tally.metrics() == {}
+
+
+def test_a_repeated_id_is_no_route():
+    """verl's zeros, and any id twice: a real top-k route never repeats an expert. Every integer dtype verl and
+    vLLM produce."""
+    rows = [[0, 0, 0], [3, 1, 3], [4, 1, 2], [0, 5, 1]]
+    for dtype in (torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64):
+        assert routes.has_route(torch.tensor(rows, dtype=dtype)).tolist() == [False, False, True, True]
 
 
 def test_recording_keeps_the_own_top_k_and_stacks_per_layer():

@@ -211,8 +211,8 @@ def _actor_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
     grads = {}
     actor._forward_micro_batch = capturing
     actor.actor_optimizer.step = lambda *args, **kwargs: grads.update(gate_grads(model))  # verl zeroes them after
-    actor.update_policy(data)
-    return {"log_probs": _in_batch_order(captured, batch), "recorded": None, "gate_grads": grads}
+    metrics = actor.update_policy(data)
+    return {"log_probs": _in_batch_order(captured, batch), "recorded": None, "gate_grads": grads, "metrics": metrics}
 
 
 def _in_batch_order(captured: list, batch: dict) -> torch.Tensor:
@@ -254,7 +254,7 @@ def _engine_run(model, batch, mode, record, train, sp, dynamic, dtype) -> dict:
     if recorded is not None:
         recorded = _nested_in_batch_layout(recorded, batch["attention_mask"])
     result = {"log_probs": _response_log_probs(packed, batch), "recorded": recorded}
-    return {**result, "gate_grads": gate_grads(model)} if train else result
+    return {**result, "gate_grads": gate_grads(model), "metrics": output.get("metrics")} if train else result
 
 
 def _nested_in_batch_layout(nested: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -24,17 +24,18 @@ from collections.abc import Callable
 
 import torch
 
-from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
-from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
+from verl_qwen3vl_plugin.replacements.routing_replay import layout, rollout_record, routes
+from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError, step_metrics
 
 SAMPLE = "routing_replay_sample"  # each sample's index in the batch, while recording
 
 
 class _Session:
-    def __init__(self, phase: str, slots: dict, samples: int) -> None:
+    def __init__(self, phase: str, slots: dict, samples: int, fallback: float | None) -> None:
         self.phase, self.slots = phase, slots
         self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (sample indices, their routes) per micro-batch
         self.samples = samples
+        self.fallback = fallback  # R3: the share of the rollout's pairs with no route (rollout_record.check)
 
     def assembled(self, seqlen: int) -> torch.Tensor:
         layers, k = len(self.slots), next(iter(self.slots)).top_k
@@ -72,9 +73,15 @@ def _session(actor, data, phase: str, mode: str) -> _Session:
     slots = routes.slots(actor.actor_module)
     record = data.batch.get(KEY, None) if data.batch is not None else None
     routes.check_present(phase, mode, record is not None)
+    fallback = None
     if record is not None:
-        routes.check_record(record, tuple(data.batch["input_ids"].shape), slots, f"the batch's {KEY}")
-    return _Session(phase, slots, len(data))
+        ids = data.batch["input_ids"]
+        routes.check_record(record, tuple(ids.shape), slots, f"the batch's {KEY}")
+        if mode == "R3":
+            loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), ids.shape[1])
+            top_k = next(iter(slots)).top_k
+            fallback = rollout_record.check(routes.has_route(record), data.batch["attention_mask"], loss_mask, top_k)
+    return _Session(phase, slots, len(data), fallback)
 
 
 @contextlib.contextmanager
@@ -114,8 +121,13 @@ def update_policy(original: Callable) -> Callable:
         mode = routes.mode_of(getattr(self, "config", None))
         if mode is None:
             return original(self, data, *args, **kwargs)
-        with _running(self, _session(self, data, REPLAY, mode)):
-            return original(self, _keeping(data, (KEY,)), *args, **kwargs)
+        session = _session(self, data, REPLAY, mode)
+        routes.tally.reset()
+        with _running(self, session):
+            metrics = original(self, _keeping(data, (KEY,)), *args, **kwargs)
+        if isinstance(metrics, dict):  # verl appends per-mini-batch values to lists; these are one per step
+            metrics.update({key: [value] for key, value in step_metrics(session.fallback).items()})
+        return metrics
 
     return wrapper
 

@@ -22,22 +22,37 @@ from collections.abc import Callable
 
 import torch
 
-from verl_qwen3vl_plugin.replacements.routing_replay import layout, routes
+from verl_qwen3vl_plugin.replacements.routing_replay import layout, rollout_record, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 
 _sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (phase, slots)
 
 
-def _check(data, phase: str, mode: str, slots: dict) -> None:
+def _check(data, phase: str, mode: str, slots: dict) -> float | None:
+    """The record's checks; R3: the share of the rollout's pairs with no route (``rollout_record.check``)."""
     record = data.get(KEY, None)
     routes.check_present(phase, mode, record is not None)
-    if record is not None:
-        ids = data["input_ids"]
-        if not (record.is_nested and ids.is_nested):
-            raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
-        if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
-            raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
-        routes.check_record(record.values(), (ids.values().shape[0],), slots, f"the batch's {KEY}")
+    if record is None:
+        return None
+    ids = data["input_ids"]
+    if not (record.is_nested and ids.is_nested):
+        raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
+    if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
+        raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
+    routes.check_record(record.values(), (ids.values().shape[0],), slots, f"the batch's {KEY}")
+    if mode != "R3":
+        return None
+    # verl's trainer keeps the padded attention and response masks beside the nested tensors; without them each
+    # sample's tokens are its nested row, and which of them the loss uses is unknown
+    attention_mask = data.get("attention_mask", None)
+    response_mask = data.get("response_mask", None)
+    if attention_mask is None or attention_mask.is_nested:
+        lengths = ids.offsets().diff()
+        attention_mask = torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]
+        response_mask = None
+    loss_mask = rollout_record.full_loss_mask(response_mask, attention_mask.shape[1])
+    routed = rollout_record.padded_routed(record, attention_mask)
+    return rollout_record.check(routed, attention_mask, loss_mask, next(iter(slots)).top_k)
 
 
 def forward_backward_batch(original: Callable) -> Callable:
@@ -51,7 +66,7 @@ def forward_backward_batch(original: Callable) -> Callable:
             return original(self, data, loss_function, forward_only)
         phase = RECORD if mode == "R2" and forward_only else REPLAY
         slots = routes.slots(self.module)
-        _check(data, phase, mode, slots)
+        fallback = _check(data, phase, mode, slots)
         _sessions[self] = (phase, slots)
         routes.tally.reset()
         try:
@@ -61,7 +76,7 @@ def forward_backward_batch(original: Callable) -> Callable:
             routes.begin(None)
         if phase == REPLAY and not forward_only and isinstance(output, dict) and "metrics" in output:
             # verl logs them with the update's, per step; like its own, one value per list (it gathers lists)
-            output["metrics"].update({key: [value] for key, value in routes.tally.metrics().items()})
+            output["metrics"].update({key: [value] for key, value in routes.step_metrics(fallback).items()})
         return output
 
     return wrapper

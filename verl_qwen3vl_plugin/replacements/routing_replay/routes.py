@@ -6,9 +6,9 @@ checkpointing recomputes the forward), before the next micro-batch's forward. So
 next micro-batch replaces them or the verl call that set them ends. A router finds its slot by its own identity
 (``slots``: router module -> MoE layer ordinal), so a recompute reads the slot its forward read.
 
-A row with no record (left and right padding, Ulysses padding, and the last response token, which the rollout
-engine never ran) is zeros in verl's record: top-k experts that are all equal, which no real route of top_k > 1 is.
-Such a row is routed by the router's own top-k; it feeds no log-prob.
+A row with no record (left and right padding, Ulysses padding, the last response token, which the rollout engine
+never ran, and a pair the engine failed to record) is zeros in verl's record: repeated expert ids, which no real route
+of top_k > 1 has. Such a pair is routed by the router's own top-k, never sent to expert 0.
 """
 
 from __future__ import annotations
@@ -57,13 +57,12 @@ class Routes:
         if self._on_device is None or self._on_device.device != probs.device:
             self._on_device = self.targets.to(probs.device, torch.long)
         target = self._on_device[:, slot]
-        missing = (target == target[:, :1]).all(-1) if top_k > 1 else torch.zeros_like(target[:, 0], dtype=torch.bool)
-        if top_k > 1:
-            target = torch.where(missing.unsqueeze(-1), indices, target)
+        recorded = has_route(target)
+        target = torch.where(recorded.unsqueeze(-1), target, indices)
         if slot not in self._tallied:
             self._tallied.add(slot)
-            differs = (indices.sort(-1).values != target.sort(-1).values).any(-1)
-            tally.add(missing.numel(), missing.sum(), differs.sum())
+            differs = (indices.sort(-1).values != target.sort(-1).values).any(-1) & recorded
+            tally.add(recorded.sum(), differs.sum())
         return probs.gather(-1, target), target
 
     def stacked(self) -> torch.Tensor:
@@ -82,33 +81,55 @@ class Tally:
         self.reset()
 
     def reset(self) -> None:
-        self.pairs = 0
-        self.fallback: torch.Tensor | int = 0
+        self.replayed: torch.Tensor | int = 0
         self.own_differs: torch.Tensor | int = 0
 
-    def add(self, pairs: int, fallback: torch.Tensor, own_differs: torch.Tensor) -> None:
-        self.pairs += pairs
-        self.fallback = self.fallback + fallback
+    def add(self, replayed: torch.Tensor, own_differs: torch.Tensor) -> None:
+        self.replayed = self.replayed + replayed
         self.own_differs = self.own_differs + own_differs
 
     def metrics(self) -> dict[str, float]:
-        """``replayed_pairs``: (token, layer) pairs routed by the record; ``fallback_fraction``: of all pairs, those
-        with no record (padding, the last token), routed by the model itself; ``own_route_mismatch``: of the
-        replayed pairs, those whose own top-k differs from the record: what replay changed."""
-        if not self.pairs:
+        """``replayed_pairs``: (token, layer) pairs routed by the record; ``own_route_mismatch``: of those, the ones
+        whose own top-k differs from the record: what replay changed. The pairs with no record are the record
+        check's ``fallback_fraction`` (``rollout_record``)."""
+        replayed = int(self.replayed)
+        if not replayed:
             return {}
-        fallback = int(self.fallback)
-        replayed = self.pairs - fallback
         return {
             "routing_replay/replayed_pairs": float(replayed),
-            "routing_replay/fallback_fraction": fallback / self.pairs,
-            "routing_replay/own_route_mismatch": int(self.own_differs) / replayed if replayed else 0.0,
+            "routing_replay/own_route_mismatch": int(self.own_differs) / replayed,
         }
 
 
 tally = Tally()
+
+
+def step_metrics(fallback: float | None) -> dict[str, float]:
+    """The figures a replaying step adds to verl's metrics: the tally's, and R3's record check's
+    ``fallback_fraction`` (of the (token, layer) pairs the rollout ran, those its record has no route for)."""
+    metrics = tally.metrics()
+    if fallback is not None:
+        metrics["routing_replay/fallback_fraction"] = fallback
+    return metrics
+
+
 _current: Routes | None = None
 _slots: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, int]] = weakref.WeakKeyDictionary()
+
+
+def has_route(ids: torch.Tensor) -> torch.Tensor:
+    """(..., top_k) expert ids -> (...) True where they are a route: k distinct ids. verl's zeros (and any repeat)
+    are no route; with top_k 1 every row is one."""
+    if ids.shape[-1] < 2:
+        return torch.ones(ids.shape[:-1], dtype=torch.bool, device=ids.device)
+    ordered = widened(ids).sort(-1).values
+    return (ordered[..., 1:] != ordered[..., :-1]).all(-1)
+
+
+def widened(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` in a dtype torch sorts and compares: it has no min / max / sort for uint16 and uint32 (vLLM's record
+    of more than 256 experts)."""
+    return ids.long() if ids.dtype in (torch.uint16, torch.uint32, torch.uint64) else ids
 
 
 def begin(routes: Routes | None) -> None:
@@ -233,8 +254,7 @@ def check_record(record: torch.Tensor, tokens: tuple[int, ...], routers: Mapping
             f"(tokens, {layers} MoE layers, top_k {k})"
         )
     if record.numel():
-        # torch has no min / max for uint16 and uint32 (vLLM's record of more than 256 experts): read them widened
-        ids = record.long() if record.dtype in (torch.uint16, torch.uint32, torch.uint64) else record
+        ids = widened(record)
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= experts:
             raise ReplayError(f"{what} holds expert ids in [{low}, {high}], but the model has {experts} experts")
