@@ -75,6 +75,15 @@ EXPECTED_VERDICTS = {
         ),
         "verl.workers.engine.fsdp.transformer_impl": "apply",
     },
+    "vision_placeholder_ban": {  # verl 0.7.0 in vllm_rollout, 0.7.1 / 0.8.0 in utils; 0.9 bans upstream
+        "verl.workers.rollout.vllm_rollout.utils": "apply"
+        if (0, 7, 1) <= VERL.release < (0, 9)
+        else "not_used"
+        if VERL.release < (0, 7, 1)
+        else "fixed_upstream",
+        "verl.workers.rollout.vllm_rollout.vllm_rollout": "apply" if VERL.release == (0, 7, 0) else "not_used",
+        "verl.experimental.agent_loop.agent_loop": "apply",
+    },
     "npu_qwen3_vl_moe_routing": {
         "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
     },

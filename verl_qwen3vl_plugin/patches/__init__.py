@@ -16,6 +16,7 @@ from verl_qwen3vl_plugin.patches import (
     qwen3_vl_pos_embed,
     qwen3_vl_single_vision_call,
     qwen3_vl_vision_dp,
+    vision_placeholder_ban,
 )
 
 PATCHES = (
@@ -27,6 +28,7 @@ PATCHES = (
     dp_actor_dynamic_batch_sync.PATCH,
     qwen3_vl_nested_position_ids.PATCH,
     qwen3_vl_moe_routing_replay.PATCH,
+    vision_placeholder_ban.PATCH,
     npu_qwen3_vl_moe_routing.PATCH,
     npu_qwen3_vl_moe_sparse_eval.PATCH,
     npu_qwen3_vl_moe_weight_sync.PATCH,

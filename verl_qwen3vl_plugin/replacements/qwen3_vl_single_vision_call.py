@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import split_output
+from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import refuse_strays
 
 DUMMY_GRID = [1, 4, 4]  # verl's dummy image for a text-only micro-batch
 
@@ -63,6 +64,7 @@ def get_input_embeds(
         )
         if pixels is not None
     ]
+    refuse_strays(input_ids, config, [kind for kind, *_ in media])
     visual_pos_masks, deepstack = None, None
     if not media:  # verl's dummy image: the tower (and its collectives) runs on every micro-batch
         vision = config.vision_config

@@ -1,0 +1,111 @@
+"""Patch ``vision_placeholder_ban``: the rollout never samples ``<|image_pad|>`` / ``<|video_pad|>`` on verl 0.7 /
+0.8, and a sequence holding one fails by name where verl's agent loop first pairs it.
+
+A sampled placeholder kills the next pass that pairs placeholders with vision features: ``get_rope_index`` raises
+``StopIteration`` (an image) or ``TypeError`` (a video) on transformers >= 5, and the trainer's token count raises
+its mismatch ``ValueError`` (verl #5817, #7038). verl 0.9 bans them in its vLLM rollout (``banned_token_ids``).
+
+Targets, each binding its name at call time from its module or class:
+- ``verl.workers.rollout.vllm_rollout.utils``: ``monkey_patch_compute_logits``, which verl's vLLM worker extension
+  runs in vLLM's worker process (``vLLMColocateWorkerExtension.monkey_patch_model``), verl 0.7.1 / 0.8.0;
+- ``verl.workers.rollout.vllm_rollout.vllm_rollout``: ``_monkey_patch_compute_logits``, which verl 0.7.0's rollout
+  worker runs after it loads vLLM's model;
+- ``verl.experimental.agent_loop.agent_loop``: the agent-loop worker's ``_compute_position_ids``, every verl: whatever
+  engine sampled the placeholder, a ValueError names the sample and the fix before transformers' bare exception. The
+  trainer's own pairing names it too (``qwen3_vl_single_vision_call``'s ``_get_input_embeds``).
+
+Known shapes (the probes' whole knowledge):
+- affected, verl 0.7.0 / 0.7.1 / 0.8.0: ``(model, vocab_size)``, assigning ``model.compute_logits``;
+- fixed upstream, verl 0.9.0 / 0.9.1: the function takes ``banned_token_ids``;
+- not used: the module lacks the function (verl 0.7.0's utils, 0.7.1's and later vllm_rollout);
+- guard, verl 0.7.0 to 0.9.1: a class whose ``_compute_position_ids(self, input_ids, ...)`` calls the processor's
+  ``get_rope_index``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+
+UTILS = "verl.workers.rollout.vllm_rollout.utils"
+ROLLOUT = "verl.workers.rollout.vllm_rollout.vllm_rollout"
+LOGITS = {UTILS: "monkey_patch_compute_logits", ROLLOUT: "_monkey_patch_compute_logits"}
+AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+POSITIONS = "_compute_position_ids"
+
+
+def decider(module: str) -> Callable[[ast.Module], Decision]:
+    name = LOGITS[module]
+
+    def decide(tree: ast.Module) -> Decision:
+        func = compat.find_function(tree, name)
+        if func is None:
+            other = UTILS if module == ROLLOUT else ROLLOUT
+            return Decision(Verdict.NOT_USED, f"no {name} here: this verl patches vLLM's logits in {other}")
+        parameters = compat.parameters(func)
+        if "banned_token_ids" in parameters:
+            return Decision(Verdict.FIXED_UPSTREAM, f"{name} bans the processor's placeholder ids (banned_token_ids)")
+        if parameters == ["model", "vocab_size"] and compat.assigns_attribute(func, "compute_logits"):
+            return Decision(Verdict.APPLY, f"{name}(model, vocab_size) leaves the vision placeholders sampleable")
+        return Decision(Verdict.UNRECOGNIZED, f"{name} is neither (model, vocab_size) nor takes banned_token_ids")
+
+    return decide
+
+
+def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
+    for node in tree.body:
+        method = compat.find_function(node, POSITIONS) if isinstance(node, ast.ClassDef) else None
+        if method is not None and compat.parameters(method)[:2] == ["self", "input_ids"]:
+            return node if compat.mentions(method, "get_rope_index") else None
+    return None
+
+
+def decide_positions(tree: ast.Module) -> Decision:
+    owner = _positions_owner(tree)
+    if owner is None:
+        return Decision(Verdict.UNRECOGNIZED, f"no agent-loop class whose {POSITIONS} calls get_rope_index")
+    return Decision(Verdict.APPLY, f"{owner.name}.{POSITIONS} pairs a sampled placeholder: refused by name first")
+
+
+def _apply_logits(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import ban_placeholders
+
+    name = LOGITS[module.__name__]
+    setattr(module, name, ban_placeholders(getattr(module, name)))
+
+
+def _apply_positions(module: ModuleType) -> None:
+    from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import refuse_strays_in_positions
+
+    owner = _positions_owner(compat.tree(AGENT_LOOP))
+    cls = getattr(module, owner.name)
+    setattr(cls, POSITIONS, refuse_strays_in_positions(cls.__dict__[POSITIONS]))
+
+
+PATCH = Patch(
+    name="vision_placeholder_ban",
+    group=MODEL,
+    targets=(
+        Target(UTILS, decider(UTILS), _apply_logits, not_used_when_absent("this verl has no vLLM worker extension")),
+        Target(ROLLOUT, decider(ROLLOUT), _apply_logits, not_used_when_absent("this verl has no vllm_rollout")),
+        Target(AGENT_LOOP, decide_positions, _apply_positions, not_used_when_absent("this verl has no agent loop")),
+    ),
+    devices=None,
+    why=(
+        "On verl 0.7 / 0.8 the vLLM rollout can sample <|image_pad|> / <|video_pad|>; the next pass that pairs "
+        "placeholders with vision features dies hours into the run (StopIteration in get_rope_index, a "
+        "masked_scatter shape mismatch, or the trainer's token-count ValueError)."
+    ),
+    how=(
+        "verl's compute_logits patch for vLLM also sets the served model's image_token_id and video_token_id logits "
+        "to -inf (text-only models untouched); verl's agent loop refuses a sample holding a placeholder that no image "
+        "or video stands behind with a ValueError naming it and the fix, whatever engine sampled it."
+    ),
+    upstream=("verl#5817", "verl#7038"),
+    remove_when="the oldest verl you run is 0.9.0 (banned_token_ids) and your rollout engine bans the placeholders.",
+    selftest="verl_qwen3vl_plugin.selftest.vision_placeholder_ban",
+)
