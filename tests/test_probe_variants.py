@@ -615,6 +615,39 @@ _SHAPES = [
             "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
         )
     ),
+    Shape(
+        "vision_placeholder_ban",
+        "verl.workers.rollout.vllm_rollout.utils",
+        "bans the processor's placeholder ids",
+        (
+            Variant(
+                "the ban parameter is renamed",
+                "verl.workers.rollout.vllm_rollout.utils",
+                substitute(r"\bbanned_token_ids\b", "banned_ids"),
+                UNRECOGNIZED,
+            ),
+        ),
+    ),
+    *(
+        Shape(
+            "vision_placeholder_ban",
+            target,
+            "this verl patches vLLM's logits in",
+            (
+                Variant(
+                    "the module patches compute_logits another way",
+                    target,
+                    lambda source: source + "\n\ndef _patch(model):\n    model.compute_logits = None\n",
+                    UNRECOGNIZED,
+                ),
+                Variant("not verl's module", target, substitute(rf"\b{marker}\b", f"{marker}2"), UNRECOGNIZED),
+            ),
+        )
+        for target, marker in (
+            ("verl.workers.rollout.vllm_rollout.utils", "get_vllm_max_lora_rank"),
+            ("verl.workers.rollout.vllm_rollout.vllm_rollout", "ServerAdapter"),
+        )
+    ),
 ]
 
 

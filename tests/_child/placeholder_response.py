@@ -10,6 +10,7 @@ Prints one JSON object: per placeholder, the error each pass raised (None: none)
 
 import inspect
 import json
+import socket
 from types import SimpleNamespace
 
 import torch
@@ -26,11 +27,13 @@ def error_of(call):
     return None
 
 
-def with_placeholder(batch, token):
+def with_placeholder(batch, token, sample):
+    """``batch`` with ``token`` sampled in ``sample``'s response (each sample's micro-batch holds images or a
+    video, so upstream's count check sees it)."""
     out = dict(batch)
     out["input_ids"] = batch["input_ids"].clone()
     out["responses"] = batch["responses"].clone()
-    out["input_ids"][1, -2] = out["responses"][1, -2] = token  # sample 1's response
+    out["input_ids"][sample, -2] = out["responses"][sample, -2] = token
     return out
 
 
@@ -42,7 +45,7 @@ def agent_loop_positions(model, token):
     ids = torch.cat([image_prompt(grid), torch.tensor([[5, token, 6]])], dim=1)
     names = {"<|image_pad|>": TOKENS["image_token_id"], "<|video_pad|>": TOKENS["video_token_id"]}
     names["<|vision_start|>"] = TOKENS["vision_start_token_id"]
-    tokenizer = SimpleNamespace(convert_tokens_to_ids=names.get, unk_token_id=None)
+    tokenizer = SimpleNamespace(convert_tokens_to_ids=names.get, unk_token_id=None, decode=lambda ids: str(ids))
     processor = SimpleNamespace(tokenizer=tokenizer, get_rope_index=model.model.get_rope_index, **TOKENS)
     inputs = {"image_grid_thw": grid}
     if "mm_token_type_ids" in inspect.signature(model.model.get_rope_index).parameters:
@@ -54,9 +57,17 @@ def agent_loop_positions(model, token):
 if __name__ == "__main__":
     import verl  # noqa: F401  (the plugin activates here, as in a user's worker)
 
+    from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
+
+    install_cpu_stand_ins()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     model, batch = replay.build(), replay.batch_of()
     out = {"clean": error_of(lambda: replay.verl_pass(model, batch))}
-    for name, token in (("image", IMAGE_TOKEN), ("video", VIDEO_TOKEN)):
-        out[name] = error_of(lambda token=token: replay.verl_pass(model, with_placeholder(batch, token)))
+    for name, token, sample in (("image", IMAGE_TOKEN, 1), ("video", VIDEO_TOKEN, 3)):
+        placed = with_placeholder(batch, token, sample)
+        out[name] = error_of(lambda placed=placed: replay.verl_pass(model, placed))
         out[f"agent_loop_{name}"] = agent_loop_positions(model, token)
     print(json.dumps(out))

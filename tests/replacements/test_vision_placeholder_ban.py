@@ -32,10 +32,11 @@ def unpatched():
 
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_a_response_holding_a_placeholder_is_refused_by_name_in_the_trainer(patched, unpatched, kind):
-    """verl's compute_log_prob: the sample, the token and the fix, where upstream raises its token-count error."""
+    """verl's compute_log_prob: upstream's token-count error, then the sample, the token and the fix."""
     assert patched["clean"] is None
     error = patched[kind]
-    assert error is not None and f"row 1 holds the {kind} placeholder token" in error and "Fix:" in error, error
+    assert error is not None and f"{kind} tokens do not match" in error, error
+    assert "row 0 holds the" in error and f"{kind} placeholder token" in error and "Fix:" in error, error
     assert unpatched[kind] is not None and REFUSED not in unpatched[kind]
 
 
@@ -44,5 +45,5 @@ def test_the_agent_loop_refuses_it_before_get_rope_index(patched, unpatched, kin
     """Each sample's first pairing: transformers >= 5 raises StopIteration / TypeError there; 4.57 lets it through
     to the trainer."""
     error = patched[f"agent_loop_{kind}"]
-    assert error is not None and f"holds the {kind} placeholder token" in error, error
+    assert error is not None and f"holds the {kind} placeholder token" in error and "the text up to it" in error
     assert unpatched[f"agent_loop_{kind}"] is None or REFUSED not in unpatched[f"agent_loop_{kind}"]

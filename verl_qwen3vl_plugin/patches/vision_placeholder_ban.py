@@ -17,7 +17,8 @@ Targets, each binding its name at call time from its module or class:
 Known shapes (the probes' whole knowledge):
 - affected, verl 0.7.0 / 0.7.1 / 0.8.0: ``(model, vocab_size)``, assigning ``model.compute_logits``;
 - fixed upstream, verl 0.9.0 / 0.9.1: the function takes ``banned_token_ids``;
-- not used: the module lacks the function (verl 0.7.0's utils, 0.7.1's and later vllm_rollout);
+- not used: the module lacks the function and never names ``compute_logits``, and is verl's (0.7.0's utils, with
+  ``get_vllm_max_lora_rank``; 0.7.1's and later vllm_rollout, with ``ServerAdapter``);
 - guard, verl 0.7.0 to 0.9.1: a class whose ``_compute_position_ids(self, input_ids, ...)`` calls the processor's
   ``get_rope_index``.
 """
@@ -34,6 +35,8 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 UTILS = "verl.workers.rollout.vllm_rollout.utils"
 ROLLOUT = "verl.workers.rollout.vllm_rollout.vllm_rollout"
 LOGITS = {UTILS: "monkey_patch_compute_logits", ROLLOUT: "_monkey_patch_compute_logits"}
+# What the module defines where it patches no logits: verl 0.7.0's utils, verl >= 0.7.1's vllm_rollout.
+OTHERWISE = {UTILS: "get_vllm_max_lora_rank", ROLLOUT: "ServerAdapter"}
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 POSITIONS = "_compute_position_ids"
 
@@ -44,6 +47,10 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
     def decide(tree: ast.Module) -> Decision:
         func = compat.find_function(tree, name)
         if func is None:
+            marker = OTHERWISE[module]
+            known = compat.find_function(tree, marker) or compat.find_class(tree, marker)
+            if known is None or compat.mentions(tree, "compute_logits"):
+                return Decision(Verdict.UNRECOGNIZED, f"no {name}, and not the module verl 0.7 to 0.9.1 ship")
             other = UTILS if module == ROLLOUT else ROLLOUT
             return Decision(Verdict.NOT_USED, f"no {name} here: this verl patches vLLM's logits in {other}")
         parameters = compat.parameters(func)

@@ -36,11 +36,16 @@ def _sequence_order(image_mask: torch.Tensor, video_mask: torch.Tensor, images: 
     return row.new_zeros(visual + 1).scatter_(0, slot, row)[:visual]
 
 
-def _check_counts(kind: str, tokens: int, features: int) -> None:
+def _check_counts(kind: str, tokens: int, features: int, input_ids: torch.Tensor, config) -> None:
+    """verl's token-count error; where a sampled placeholder causes it, the error names it (``refuse_strays``).
+    Looked for only on a mismatch: the good path keeps its one host sync."""
     if tokens != features:
-        raise ValueError(
-            f"{kind.capitalize()} features and {kind} tokens do not match: tokens: {tokens}, features {features}"
-        )
+        message = f"{kind.capitalize()} features and {kind} tokens do not match: tokens: {tokens}, features {features}"
+        try:
+            refuse_strays(input_ids, config, (kind,))
+        except ValueError as stray:
+            raise ValueError(f"{message}. {stray}") from None
+        raise ValueError(message)
 
 
 def get_input_embeds(
@@ -64,7 +69,6 @@ def get_input_embeds(
         )
         if pixels is not None
     ]
-    refuse_strays(input_ids, config, [kind for kind, *_ in media])
     visual_pos_masks, deepstack = None, None
     if not media:  # verl's dummy image: the tower (and its collectives) runs on every micro-batch
         vision = config.vision_config
@@ -85,7 +89,7 @@ def get_input_embeds(
         tokens = torch.stack(counts).tolist()  # the one host sync
         features = [tokens[2], embeds.shape[0] - tokens[2]] if len(media) == 2 else [embeds.shape[0]]
         for (kind, *_), n_tokens, n_features in zip(media, tokens, features, strict=False):
-            _check_counts(kind, n_tokens, n_features)
+            _check_counts(kind, n_tokens, n_features, input_ids, config)
         for (_, _, _, mask), part in zip(media, embeds.split(features), strict=True):
             part = part.to(inputs_embeds.device, inputs_embeds.dtype)
             inputs_embeds = inputs_embeds.masked_scatter(mask.unsqueeze(-1).expand_as(inputs_embeds), part)

@@ -5,8 +5,8 @@ placeholders with vision features dies on the count (transformers' ``get_rope_in
 ``_get_input_embeds``), often hours into a run. verl 0.9's vLLM rollout sets their logits to -inf; on verl 0.7 / 0.8
 ``ban_placeholders`` does the same around verl's own ``compute_logits`` patch, in the process where verl patches
 vLLM's model. ``refuse_strays`` guards where verl first pairs a sequence (its agent loop's position ids, and the
-trainer's ``_get_input_embeds``, which ``qwen3_vl_single_vision_call`` replaces): whatever engine sampled it, the
-error names the sample, the token and the fix.
+trainer's ``_get_input_embeds``, which ``qwen3_vl_single_vision_call`` replaces, on its token-count error): whatever
+engine sampled it, the error names the sample, the token and the fix.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ def first_stray(input_ids: torch.Tensor, placeholders: Iterable[int], vision_sta
 
 
 def refuse_strays(
-    input_ids: torch.Tensor, config, kinds: Iterable[str] = ("image", "video"), what: str = "row"
+    input_ids: torch.Tensor, config, kinds: Iterable[str] = ("image", "video"), what: str = "row {row}", decode=None
 ) -> None:
     """A ValueError naming the first placeholder of ``kinds`` in ``input_ids`` that no image or video stands behind;
-    ``config`` holds the ids (a model config, or ``processor_ids``)."""
+    ``config`` holds the ids (a model config, or ``processor_ids``), ``decode`` (a tokenizer's) quotes the text
+    around it."""
     vision_start = getattr(config, "vision_start_token_id", None)
     tokens = {getattr(config, f"{kind}_token_id", None): kind for kind in kinds}
     tokens.pop(None, None)
@@ -88,9 +89,13 @@ def refuse_strays(
     if found is not None:
         row, position, token = found
         kind = tokens[token]
+        quoted = ""
+        if decode is not None:
+            ids = input_ids if input_ids.dim() == 2 else input_ids.unsqueeze(0)
+            quoted = f" (the text up to it: {decode(ids[row, max(0, position - 12) : position + 1].tolist())!r})"
         raise ValueError(
-            f"{what} {row} holds the {kind} placeholder token {token} at position {position}, with no {kind} behind "
-            f"it: the rollout engine sampled it, and no vision pass can pair it. Fix: {FIX}"
+            f"{what.format(row=row)} holds the {kind} placeholder token {token} at position {position}{quoted}, with "
+            f"no {kind} behind it: the rollout engine sampled it, and no vision pass can pair it. Fix: {FIX}"
         )
 
 
@@ -102,7 +107,9 @@ def refuse_strays_in_positions(original: Callable) -> Callable:
     def wrapper(self, input_ids, *args, **kwargs):
         processor = getattr(self, "processor", None)
         if processor is not None:
-            refuse_strays(input_ids, processor_ids(processor), what="the agent loop's sample (row)")
+            tokenizer = getattr(processor, "tokenizer", processor)
+            decode = getattr(tokenizer, "decode", None)
+            refuse_strays(input_ids, processor_ids(processor), what="a sample of verl's agent loop", decode=decode)
         return original(self, input_ids, *args, **kwargs)
 
     return wrapper
