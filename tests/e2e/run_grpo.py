@@ -260,6 +260,37 @@ def failures(results: dict, steps: dict[str, int]) -> list[str]:
     return problems
 
 
+SAMPLES_BANNED = 32  # placeholder_ban.py's samples
+
+
+def placeholder_ban(work: Path, variant: str) -> dict:
+    """``placeholder_ban.py``'s result: the ban in vLLM's worker process, with the plugin's wrapper or verl's
+    patch alone."""
+    env = environment(work / "routes_ban.jsonl", tempfile.gettempdir()) | {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # as verl's CPU shim sets them
+    proc = subprocess.run([sys.executable, str(HERE / "placeholder_ban.py"), str(work / "model"), variant], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    (work / f"ban_{variant}.log").write_text(proc.stdout + proc.stderr)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"exit {proc.returncode} (ban_{variant}.log)"}
+
+
+def ban_failures(ban: dict) -> list[str]:
+    """The plugin's ban leaves no placeholder sampled, in a process other than the driver; verl's patch alone
+    samples some (else the check proves nothing)."""
+    plugin, verl = ban["plugin"], ban["verl"]
+    if "error" in plugin or "error" in verl:
+        return [f"placeholder ban: {plugin.get('error') or verl.get('error')}"]
+    problems = []
+    if plugin["placeholders_sampled"] or plugin["worker"][0]["pid"] == plugin["driver_pid"]:
+        problems.append(f"placeholder ban: {plugin['placeholders_sampled']} placeholders sampled with the plugin")
+    if not verl["placeholders_sampled"]:
+        problems.append("placeholder ban: verl's patch alone sampled no placeholder; the check cannot fail")
+    return problems
+
+
 def table(results: dict) -> str:
     rows = [("", *results)]
     fields = [("exit", "exit"), ("steps", "steps"), ("wall (s)", "wall_seconds"),
@@ -297,12 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     artefacts.save_data(work)  # train.parquet, test.parquet: the paths overrides() names
     steps = {mode: 2 if mode == "recipe" else args.steps for mode in args.modes.split(",")}
     results = {mode: run_mode(mode, work, steps[mode], args.timeout) for mode in steps}
+    ban = {variant: placeholder_ban(work, variant) for variant in ("plugin", "verl")}
     print(table(results))
+    print(
+        f"vision placeholders sampled in vLLM's worker, of {SAMPLES_BANNED}: "
+        + ", ".join(f"{variant}: {result.get('placeholders_sampled', result)}" for variant, result in ban.items())
+    )
     for mode, result in results.items():
         print(f"plugin lines by process ({mode}):")
         for role, statuses in result["plugin_processes"].items():
             print(f"  {role}: " + "; ".join(f"{s}: {', '.join(p)}" for s, p in statuses.items()))
-    problems = failures(results, steps) if args.check else []
+    problems = failures(results, steps) + ban_failures(ban) if args.check else []
     for problem in problems:
         print(f"FAIL: {problem}")
     from importlib import metadata
@@ -317,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "off_route_mismatch": results.get("off", {}).get("route_mismatch"),
         "rollout_logprob_gap": {m: r["rollout_logprob_gap"] for m, r in results.items()},
         "replay_metrics": {m: r["replay_metrics"] for m, r in results.items()},
+        "placeholder_ban": ban,
         "ok": not problems,
     }  # fmt: skip
     print(json.dumps(summary))
