@@ -230,9 +230,12 @@ def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
 # Without replay, the trainer's own routes differ from vLLM's record on a few tokens (numerics); a record that does
 # not line up with the tokens (a shift) differs on most of them.
 OFF_MISMATCH_BOUND = 0.05
-# The trainer worker imports every target these patches act on. The vLLM server and vLLM's workers load the plugin
-# (they import verl) but none of its targets, so they log no line: no patch acts in the rollout yet.
-REQUIRED = {"WorkerDict": ("qwen3_vl_nested_position_ids", "qwen3_vl_moe_routing_replay")}
+# The trainer worker imports every target these patches act on, the agent-loop worker verl's agent loop. vLLM's
+# processes import verl's vLLM rollout modules, where verl 0.9.1 bans the placeholders itself (skipped there).
+REQUIRED = {
+    "WorkerDict": ("qwen3_vl_nested_position_ids", "qwen3_vl_moe_routing_replay"),
+    "AgentLoopWorkerTQ": ("vision_placeholder_ban",),
+}
 
 
 def failures(results: dict, steps: dict[str, int]) -> list[str]:
