@@ -47,6 +47,8 @@ def tests(session: nox.Session, stack: str) -> None:
     session.run("pytest", "-n", "2", "--dist", "loadfile", "-m", "not fake_npu and not wheel", *session.posargs)
     # verl's npu_patch rewires transformers for the rest of its process: it gets a process of its own.
     session.run("pytest", "-m", "fake_npu", *session.posargs)
+    # verl's own CPU tests for what the plugin wraps, from verl's PyPI sdist: identical with the plugin on and off.
+    session.run("python", "tests/upstream/verl_unit_tests.py")
     if stack == MAIN_STACK:
         _wheel(session)
 
