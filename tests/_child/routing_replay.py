@@ -81,6 +81,8 @@ def single(kind):
     out["dynamic_r2_record_same"] = bool(torch.equal(dyn_r2["recorded"], r2["recorded"]))
     dyn_r3 = replay.verl_pass(model, batch, mode="R3", record=record, dynamic=True)
     out["dynamic_r3_log_prob_diff"] = float((dyn_r3["log_probs"] - r3["log_probs"]).abs().max())
+    # vLLM >= 0.22 (<= 256 experts), 0.14, verl's as_dict
+    out["dtypes_replayed"] = {str(dtype): replays(model, batch, record.to(dtype)) for dtype in DTYPES}
     out["errors"] = bad_inputs(model, batch, record)
     out["fallback"] = fallback_metric(model, batch, record)
     out["worker_r2_returns_record"] = worker_r2(model, batch, r2["recorded"])
@@ -128,6 +130,16 @@ def bad_inputs(model, batch, record):
         "zero_layer": dict(mode="R3", record=zero_rows(record, batch, layer=1)),
     }
     return {name: error_of(lambda kw=kw: replay.verl_pass(model, batch, **kw)) for name, kw in cases.items()}
+
+
+DTYPES = (torch.uint8, torch.int32, torch.int64)
+
+
+def replays(model, batch, record):
+    """Whether R3 routes every recorded token as ``record`` says."""
+    rows = batch["attention_mask"].bool() & ~replay.last_tokens(batch["attention_mask"])
+    _, chosen = replay.routes_of(model, batch, mode="R3", record=record)
+    return bool(torch.equal(chosen[rows], record.long()[rows]))
 
 
 def shifted(record, rows):

@@ -91,6 +91,11 @@ def test_bad_input_raises_its_error(single, case, message):
     assert single["errors"][case] is not None and message in single["errors"][case], single["errors"][case]
 
 
+def test_every_integer_dtype_of_the_record_replays(single):
+    """uint8 (vLLM >= 0.22), int32 (vLLM 0.14), int64 (verl's ``as_dict``), through verl's own path."""
+    assert all(single["dtypes_replayed"].values()), single["dtypes_replayed"]
+
+
 def test_rows_without_route_fall_back_to_the_model_and_are_counted(single):
     """A record missing rows inside its samples (an engine that skipped its router hook): those tokens take the
     model's own routes, and the update's metrics give their share of what the rollout ran."""

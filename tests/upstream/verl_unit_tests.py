@@ -1,7 +1,7 @@
 """verl's own CPU unit tests for the modules the plugin wraps, run with the plugin active and with every patch
 disabled (``VERL_QWEN3VL_PLUGIN_DISABLE=all``); the outcomes must be identical, test by test.
 
-    python tests/upstream/verl_unit_tests.py [--git VERL_GIT_DIR] [--list]
+    python tests/upstream/verl_unit_tests.py [--git VERL_GIT_DIR [--tag RELEASE]]
 
 The tests come from verl's source distribution on PyPI for the installed verl (what CI can reach), or, with
 ``--git``, from a clone of verl's repository at the installed release's tag (more files: the sdists before 0.9.0 hold
@@ -73,7 +73,8 @@ def from_git(git_dir: str, version: str, into: Path) -> None:
 def outcomes(root: Path, files: list[str], env: dict[str, str], name: str) -> dict[str, str]:
     """Test id -> passed / failed / error / skipped, from one pytest run in ``root`` (outside any verl source)."""
     report = root / f"{name}.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
+    command += [f"--junitxml={report}", *files]
     subprocess.run(command, cwd=root, env=env, check=False, timeout=1800, capture_output=True)
     results = {}
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -86,13 +87,15 @@ def outcomes(root: Path, files: list[str], env: dict[str, str], name: str) -> di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--git", help="a clone of verl's repository (its tags v<release>)")
+    parser.add_argument("--tag", help="with --git: this release's tests instead of the installed one's")
     args = parser.parse_args(argv)
-    version = metadata.version("verl")
+    version = args.tag or metadata.version("verl")
     with tempfile.TemporaryDirectory(prefix="verl-tests-") as tmp:
         root = Path(tmp)
         (from_git(args.git, version, root) if args.git else from_sdist(version, root))
         files = [f for f in FILES if (root / f).is_file()]
-        print(f"verl {version}, from {'git' if args.git else 'its PyPI sdist'}: {len(files)} of {len(FILES)} files")
+        source = f"verl's repository at v{version}" if args.git else f"verl {version}'s PyPI sdist"
+        print(f"verl {metadata.version('verl')}, tests from {source}: {len(files)} of {len(FILES)} files")
         if not files:
             return 0
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_QWEN3VL_PLUGIN", "VERL_USE_EXTERNAL"))}
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for test in sorted(on.keys() | off.keys()):
         mark = "DIFFERS" if test in differ else ""
         print(f"  {on.get(test, '-'):8} {off.get(test, '-'):8} {test} {mark}")
-    counts = {o: sum(v == o for v in on.values()) for o in ("passed", "failed", "error", "skipped")}
+    counts = {o: sum(v == o for v in on.values()) for o in ("passed", "failure", "error", "skipped")}
     print(f"plugin on / off: {len(on)} tests, with the plugin {counts}; {len(differ)} differ")
     return 1 if differ else 0
 

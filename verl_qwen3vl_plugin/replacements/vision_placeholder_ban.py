@@ -107,8 +107,7 @@ def refuse_strays_in_positions(original: Callable) -> Callable:
     def wrapper(self, input_ids, *args, **kwargs):
         processor = getattr(self, "processor", None)
         if processor is not None:
-            tokenizer = getattr(processor, "tokenizer", processor)
-            decode = getattr(tokenizer, "decode", None)
+            decode = getattr(getattr(processor, "tokenizer", None), "decode", None)
             refuse_strays(input_ids, processor_ids(processor), what="a sample of verl's agent loop", decode=decode)
         return original(self, input_ids, *args, **kwargs)
 
@@ -116,8 +115,10 @@ def refuse_strays_in_positions(original: Callable) -> Callable:
 
 
 def processor_ids(processor) -> SimpleNamespace:
-    """The placeholder and vision-start ids from the processor's tokenizer (None where it lacks the token)."""
-    tokenizer = getattr(processor, "tokenizer", processor)
+    """The placeholder and vision-start ids from the processor's tokenizer; None where it lacks the token, and all
+    None for a processor without a tokenizer (verl's own tests pass such stand-ins: nothing is read from them)."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
     unknown = getattr(tokenizer, "unk_token_id", None)
-    ids = {field: tokenizer.convert_tokens_to_ids(token) for field, token in TOKENS.items()}
+    ids = {field: convert(token) if callable(convert) else None for field, token in TOKENS.items()}
     return SimpleNamespace(**{k: v if isinstance(v, int) and v != unknown else None for k, v in ids.items()})
