@@ -79,7 +79,7 @@ CASTS_RECORD = (0, 8) <= VERL.release < (0, 9, 1)  # verl's left_right_2_no_padd
         ("expert_id", "expert ids in [0, 8], but the model has 8 experts"),
         ("float_record", "expert ids must be integers"),
         ("mode", "R4"),
-        ("shifted_later", "does not fit sample 0: it has a route on token"),
+        ("shifted_later", "does not fit sample 0: it has no route on the sample's first token but one on its last"),
         # verl 0.7's padded batch: rows moved into the left padding; verl >= 0.8 drops those, the tail is short
         ("shifted_earlier", "2 rows before its first token" if VERL.release < (0, 8) else "the loss uses its token"),
         ("zero_layer", "50.0% of the (token, MoE layer) pairs the rollout ran have no route"),

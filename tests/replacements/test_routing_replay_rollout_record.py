@@ -33,7 +33,8 @@ def batch(dtype=torch.int16):
 
 def check(record, attention, response_mask):
     loss = rollout_record.full_loss_mask(response_mask, attention.shape[1])
-    return rollout_record.check(has_route(record), attention, loss, TOP_K)
+    cut = rollout_record.window_filled(attention)
+    return rollout_record.check(has_route(record), attention, loss, TOP_K, cut)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.int16, torch.int32, torch.int64])
@@ -73,6 +74,38 @@ def test_tokens_after_the_final_generation_may_have_no_row():
     response[0, 4] = 1  # but a token the loss uses must have a row
     with pytest.raises(ReplayError, match="the loss uses its token 10"):
         check(record, attention, response)
+
+
+def test_a_response_verl_cut_may_have_a_route_on_its_last_token():
+    """A multi-turn response that ran past response_length: verl cuts it, and the record with it, so every token
+    left has a row. Only a sample whose response fills the window can be cut."""
+    record, attention, response = batch()
+    record[0, PROMPT + RESPONSE - 1] = torch.tensor([[1, 2]] * LAYERS)  # sample 0's response fills its window
+    assert check(record, attention, response) == 0.0
+
+
+def test_a_cut_response_shifted_later_is_still_a_shift():
+    """Where verl's cut lets the last token have a route, a record moved one row later shows as a first token with
+    no route."""
+    record, attention, response = batch()
+    record[0] = torch.cat([torch.zeros_like(record[0, :1]), record[0, :-1]])
+    record[0, -1] = torch.tensor([[1, 2]] * LAYERS)  # the row past the old end
+    with pytest.raises(ReplayError, match="sample 0: it has no route on the sample's first token but one on its last"):
+        check(record, attention, response)
+
+
+def test_verl_filler_samples_are_not_counted():
+    """verl 0.9 pads a batch to a multiple of the ranks with samples of real tokens, no record and no loss."""
+    record, attention, response = batch()
+    record[2], attention[2], response[2] = 0, 1, 0
+    assert check(record, attention, response) == 0.0
+
+
+def test_a_nested_response_loss_mask_sits_at_the_end_of_its_row():
+    """verl 0.9's TransferQueue path: per sample, the loss mask of its response tokens."""
+    lengths = torch.tensor([5, 3])
+    loss = torch.nested.as_nested_tensor([torch.tensor([1, 0, 1]), torch.tensor([1])], layout=torch.jagged)
+    assert rollout_record.nested_loss_mask(loss, lengths).tolist() == [[0, 0, 1, 0, 1], [0, 0, 1, 0, 0]]
 
 
 def test_rows_without_route_are_a_fraction_and_past_the_limit_an_error(monkeypatch):

@@ -78,9 +78,10 @@ def _session(actor, data, phase: str, mode: str) -> _Session:
         ids = data.batch["input_ids"]
         routes.check_record(record, tuple(ids.shape), slots, f"the batch's {KEY}")
         if mode == "R3":
+            mask = data.batch["attention_mask"]
             loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), ids.shape[1])
-            top_k = next(iter(slots)).top_k
-            fallback = rollout_record.check(routes.has_route(record), data.batch["attention_mask"], loss_mask, top_k)
+            top_k, cut = next(iter(slots)).top_k, rollout_record.window_filled(mask)
+            fallback = rollout_record.check(routes.has_route(record), mask, loss_mask, top_k, cut)
     return _Session(phase, slots, len(data), fallback)
 
 

@@ -42,17 +42,23 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
     routes.check_record(record.values(), (ids.values().shape[0],), slots, f"the batch's {KEY}")
     if mode != "R3":
         return None
-    # verl's trainer keeps the padded attention and response masks beside the nested tensors; without them each
-    # sample's tokens are its nested row, and which of them the loss uses is unknown
+    lengths = ids.offsets().diff()
     attention_mask = data.get("attention_mask", None)
-    response_mask = data.get("response_mask", None)
-    if attention_mask is None or attention_mask.is_nested:
-        lengths = ids.offsets().diff()
+    if attention_mask is not None and not attention_mask.is_nested and attention_mask.shape[0] == len(lengths):
+        # verl's trainer keeps the padded attention and response masks beside the nested tensors
+        response_mask = data.get("response_mask", None)
+        padded = response_mask if response_mask is not None and not response_mask.is_nested else None
+        loss_mask = rollout_record.full_loss_mask(padded, attention_mask.shape[1])
+        last_may_route = rollout_record.window_filled(attention_mask)
+    else:
+        # verl 0.9's TransferQueue path: each sample's tokens are its nested row, its loss mask its response's; where
+        # verl cut a response is unknown there, so a route on the last token is allowed
         attention_mask = torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]
-        response_mask = None
-    loss_mask = rollout_record.full_loss_mask(response_mask, attention_mask.shape[1])
+        loss = data.get("loss_mask", None)
+        loss_mask = rollout_record.nested_loss_mask(loss, lengths) if loss is not None and loss.is_nested else None
+        last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
     routed = rollout_record.padded_routed(record, attention_mask)
-    return rollout_record.check(routed, attention_mask, loss_mask, next(iter(slots)).top_k)
+    return rollout_record.check(routed, attention_mask, loss_mask, next(iter(slots)).top_k, last_may_route)
 
 
 def forward_backward_batch(original: Callable) -> Callable:

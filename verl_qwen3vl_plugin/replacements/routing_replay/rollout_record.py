@@ -48,12 +48,18 @@ def max_fallback() -> float:
 
 
 def check(
-    routed: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor | None, top_k: int
+    routed: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    top_k: int,
+    last_may_route: torch.Tensor | None = None,
 ) -> float | None:
     """Raise a ReplayError where the record does not fit its samples; else the share of the (token, layer) pairs the
     rollout ran that have no route. ``routed``: (bsz, seqlen, layers), True where a pair has a route, in the batch's
-    padded layout; ``loss_mask``: (bsz, seqlen) or None where the batch does not say which tokens the loss uses.
-    None for top_k 1, where a row of no route cannot be told from a route to expert 0."""
+    padded layout; ``loss_mask``: (bsz, seqlen), or None where the batch does not say which tokens the loss uses;
+    ``last_may_route``: (bsz,) samples whose last token may have a route: verl cuts a multi-turn response that ran
+    past ``response_length``, and its record with it, so the record covers every token left. None for top_k 1,
+    where a row of no route cannot be told from a route to expert 0."""
     if top_k < 2:
         return None
     real = attention_mask.bool()
@@ -61,8 +67,9 @@ def check(
     positions = torch.arange(seqlen, device=real.device).expand(bsz, -1)
     first = real.int().argmax(-1)
     last = seqlen - 1 - real.flip(-1).int().argmax(-1)  # each sample's last token: the one the engine never ran
+    end = last + 1 if last_may_route is None else last + last_may_route.to(last.device).long()
     row = routed.any(-1)
-    beyond = row & ~(real & (positions < last[:, None]))
+    beyond = row & ~(real & (positions < end[:, None]))
     if beyond.any():
         sample, position = (int(i) for i in beyond.nonzero()[0])
         token, count = position - int(first[sample]), int(real[sample].sum())
@@ -73,9 +80,19 @@ def check(
             f"{SHIFT_CAUSE}"
         )
     has_any = row.any(-1)
+    samples = torch.arange(bsz, device=real.device)
+    # vLLM records a sample's first token; a record moved later loses it, where verl's cut hides the last token
+    late = has_any & ~row[samples, first] & row[samples, last]
+    if late.any():
+        sample = int(late.nonzero()[0])
+        raise ReplayError(
+            f"the rollout's routing record does not fit sample {sample}: it has no route on the sample's first token "
+            f"but one on its last, so its rows are moved later. The record is shifted: {SHIFT_CAUSE}"
+        )
     last_routed = torch.where(row, positions, -1).amax(-1)
     if loss_mask is not None:
-        short = has_any[:, None] & loss_mask.bool() & (positions > last_routed[:, None] + 1)
+        loss = loss_mask.bool()
+        short = has_any[:, None] & loss & (positions > last_routed[:, None] + 1)
         if short.any():
             sample, position = (int(i) for i in short.nonzero()[0])
             raise ReplayError(
@@ -83,8 +100,12 @@ def check(
                 f"{position - int(first[sample])}, but the record's routes end at token "
                 f"{int(last_routed[sample]) - int(first[sample])}. The record is shifted: {SHIFT_CAUSE}"
             )
-    end = torch.where(has_any, last_routed + 1, last)  # a sample with no route at all: every token it ran
-    expected = real & (positions < end[:, None])
+        # verl 0.9's filler samples (a batch padded to a multiple of the ranks): no route, no loss, never run
+        counted = has_any | loss.any(-1)
+    else:
+        counted = torch.ones_like(has_any)
+    ran_to = torch.where(has_any, last_routed + 1, last)  # a sample with no route at all: every token it ran
+    expected = real & (positions < ran_to[:, None]) & counted[:, None]
     pairs = int(expected.sum()) * layers
     if not pairs:
         return 0.0
@@ -97,6 +118,11 @@ def check(
             f"rollout's. Known causes: {KNOWN_CAUSES}"
         )
     return fallback
+
+
+def window_filled(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(bsz,) samples whose response fills verl's padded response window: the ones verl may have cut."""
+    return attention_mask[:, -1].bool()
 
 
 def padded_routed(record: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -114,4 +140,17 @@ def full_loss_mask(response_mask: torch.Tensor | None, seqlen: int) -> torch.Ten
         return None
     full = response_mask.new_zeros(response_mask.shape[0], seqlen)
     full[:, seqlen - response_mask.shape[1] :] = response_mask
+    return full
+
+
+def nested_loss_mask(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A nested per-response ``loss_mask`` (verl 0.9's TransferQueue path: each sample's response tokens) on rows of
+    ``lengths`` tokens laid out from column 0: each response is its row's last tokens."""
+    responses = loss_mask.offsets().diff().to(lengths.device)
+    width = int(lengths.max()) if lengths.numel() else 0
+    columns = torch.arange(width, device=lengths.device)
+    start = lengths - responses
+    inside = (columns >= start[:, None]) & (columns < lengths[:, None])
+    full = torch.zeros(len(lengths), width, dtype=loss_mask.values().dtype, device=lengths.device)
+    full[inside] = loss_mask.values().to(lengths.device)
     return full

@@ -119,16 +119,18 @@ _slots: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, int]] = weakref.Wea
 
 def has_route(ids: torch.Tensor) -> torch.Tensor:
     """(..., top_k) expert ids -> (...) True where they are a route: k distinct ids. verl's zeros (and any repeat)
-    are no route; with top_k 1 every row is one."""
-    if ids.shape[-1] < 2:
-        return torch.ones(ids.shape[:-1], dtype=torch.bool, device=ids.device)
-    ordered = widened(ids).sort(-1).values
-    return (ordered[..., 1:] != ordered[..., :-1]).all(-1)
+    are no route; with top_k 1 every row is one. Pairwise compares, not a sort: a step's record can be gigabytes."""
+    k = ids.shape[-1]
+    route = torch.ones(ids.shape[:-1], dtype=torch.bool, device=ids.device)
+    ids = widened(ids)
+    for i in range(k - 1):
+        route &= ~(ids[..., i : i + 1] == ids[..., i + 1 :]).any(-1)
+    return route
 
 
 def widened(ids: torch.Tensor) -> torch.Tensor:
-    """``ids`` in a dtype torch sorts and compares: it has no min / max / sort for uint16 and uint32 (vLLM's record
-    of more than 256 experts)."""
+    """``ids`` in a dtype torch compares and reduces: it has no min / max / eq for uint16 and uint32 on every
+    backend (vLLM's record of more than 256 experts)."""
     return ids.long() if ids.dtype in (torch.uint16, torch.uint32, torch.uint64) else ids
 
 
