@@ -10,21 +10,13 @@ Prints one JSON object: per placeholder, the error each pass raised (None: none)
 
 import inspect
 import json
-import socket
 from types import SimpleNamespace
 
 import torch
+from routing_replay import error_of, one_rank_group  # this folder's sibling script
 
 from verl_qwen3vl_plugin.selftest import qwen3_vl_moe_routing_replay as replay
 from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, TOKENS, VIDEO_TOKEN, image_prompt
-
-
-def error_of(call):
-    try:
-        call()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def with_placeholder(batch, token, sample):
@@ -60,10 +52,7 @@ if __name__ == "__main__":
     from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
 
     install_cpu_stand_ins()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    one_rank_group()
     model, batch = replay.build(), replay.batch_of()
     out = {"clean": error_of(lambda: replay.verl_pass(model, batch))}
     for name, token, sample in (("image", IMAGE_TOKEN, 1), ("video", VIDEO_TOKEN, 3)):
