@@ -138,7 +138,8 @@ def test_a_bad_threshold_is_named(monkeypatch, value):
 
 def test_top_k_one_cannot_be_checked():
     record, attention, response = batch()
-    assert rollout_record.check(torch.ones(*record.shape[:3], dtype=torch.bool), attention, None, 1) is None
+    routed, cut = torch.ones(*record.shape[:3], dtype=torch.bool), rollout_record.window_filled(attention)
+    assert rollout_record.check(routed, attention, None, 1, cut) is None
 
 
 def test_the_engine_layout_gives_the_same_flags():

@@ -48,9 +48,7 @@ def ban_placeholders(original: Callable) -> Callable:
 
         def compute_logits(self, *inner, **inner_kwargs):
             nonlocal index
-            logits = patched(*inner, **inner_kwargs)
-            if logits is None:  # vLLM's pipeline stages other than the last
-                return logits
+            logits = patched(*inner, **inner_kwargs)  # verl's own patch has written into them: never None here
             if index.device != logits.device:
                 index = index.to(logits.device)
             return logits.index_fill_(-1, index, float("-inf"))

@@ -52,7 +52,7 @@ def check(
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor | None,
     top_k: int,
-    last_may_route: torch.Tensor | None = None,
+    last_may_route: torch.Tensor,
 ) -> float | None:
     """Raise a ReplayError where the record does not fit its samples; else the share of the (token, layer) pairs the
     rollout ran that have no route. ``routed``: (bsz, seqlen, layers), True where a pair has a route, in the batch's
@@ -67,7 +67,7 @@ def check(
     positions = torch.arange(seqlen, device=real.device).expand(bsz, -1)
     first = real.int().argmax(-1)
     last = seqlen - 1 - real.flip(-1).int().argmax(-1)  # each sample's last token: the one the engine never ran
-    end = last + 1 if last_may_route is None else last + last_may_route.to(last.device).long()
+    end = last + last_may_route.to(last.device).long()
     row = routed.any(-1)
     beyond = row & ~(real & (positions < end[:, None]))
     if beyond.any():
