@@ -71,7 +71,7 @@ def implementations(case: str) -> tuple[type, dict[str, Callable]]:
         import transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe  # noqa: F401
         import verl  # noqa: F401  (both first: their device probes must find no torch_npu)
 
-        from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import grouped_eval_forward
+        from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_sparse_eval import grouped_eval_forward
         from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 
         _KEEP.enter_context(fake_torch_npu())  # for the rest of this process: verl's npu_patch imports torch_npu

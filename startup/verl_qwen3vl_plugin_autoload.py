@@ -4,11 +4,12 @@ Why: verl 0.7.x and 0.8.0 load plugins only from ``VERL_USE_EXTERNAL_MODULES``, 
 leave them unpatched. ``site`` imports this module from ``verl_qwen3vl_plugin_autoload.pth`` in every Python process
 of the environment (Ray workers included), before any user code.
 
-How: it puts one finder at the front of ``sys.meta_path`` that answers only for ``verl``. It asks the other finders
-for verl's spec, wraps the loader, and once verl's ``__init__`` has run, hands over to
-``verl_qwen3vl_plugin.activation``, which leaves verl >= 0.9 to its own entry-point discovery. Then the finder
-removes itself. Until verl is imported nothing beyond this module is imported (``os`` and ``sys`` are loaded at
-start-up anyway), and nothing here may raise: a broken plugin must not break ``python``.
+How: it puts one finder at the front of ``sys.meta_path`` that answers only for the modules it waits for (here
+``verl``). It asks the other finders for the module's spec, wraps the loader, and once verl's ``__init__`` has run,
+hands over to ``verl_qwen3vl_plugin.activation``, which leaves verl >= 0.9 to its own entry-point discovery. The
+finder removes itself once nothing is waiting. Until verl is imported nothing beyond this module is imported (``os``
+and ``sys`` are loaded at start-up anyway), and nothing here may raise: a broken plugin must not break ``python``.
+The plugin's registry waits for its patches' target modules through ``after_import`` too.
 
 Off: ``VERL_QWEN3VL_PLUGIN_AUTOLOAD=0`` (read at start-up, and again when verl is imported). ``python -S`` skips
 ``.pth`` files; there, ``VERL_USE_EXTERNAL_MODULES`` still works.
@@ -26,8 +27,24 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-class _ActivatingLoader:
-    """verl's own loader, plus the plugin's activation once verl's ``__init__`` has run."""
+def after_import(name: str, callback) -> None:
+    """Call ``callback(module)`` once the module ``name`` is imported: now if it already is, else right after its
+    code has run. The plugin's registry watches its patches' targets through this too, so one finder serves both."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    _waiting.setdefault(name, []).append(callback)
+    if _Finder not in sys.meta_path:
+        sys.meta_path.insert(0, _Finder)
+
+
+# Module name -> what to call once it has been imported (each callback once).
+_waiting: dict = {}
+
+
+class _NotifyingLoader:
+    """The module's own loader, plus the callbacks waiting for it once its code has run."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -39,33 +56,30 @@ class _ActivatingLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        module.__loader__ = module.__spec__.loader = self._loader  # verl sees its own loader
+        module.__loader__ = module.__spec__.loader = self._loader  # the module sees its own loader
         self._loader.exec_module(module)
-        _activate()
+        for callback in _waiting.pop(module.__name__, ()):
+            callback(module)
+        if not _waiting and _Finder in sys.meta_path:
+            sys.meta_path.remove(_Finder)
 
 
-class _VerlFinder:
+class _Finder:
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name != "verl":
+        if name not in _waiting:
             return None
-        _uninstall()
         for finder in sys.meta_path:  # the remaining finders, in the order the import system asks them
             find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
+            spec = find(name, path, target) if find is not None and finder is not _Finder else None
             if spec is not None:
                 if getattr(spec.loader, "exec_module", None) is not None:
-                    spec.loader = _ActivatingLoader(spec.loader)
+                    spec.loader = _NotifyingLoader(spec.loader)
                 return spec
         return None
 
 
-def _uninstall() -> None:
-    if _VerlFinder in sys.meta_path:
-        sys.meta_path.remove(_VerlFinder)
-
-
-def _activate() -> None:
+def _activate(_verl) -> None:
     global state
     try:
         if not enabled():  # a process may opt out after start-up, before it imports verl
@@ -83,8 +97,8 @@ def _activate() -> None:
 
 def _install() -> None:
     global state
-    if enabled() and "verl" not in sys.modules and _VerlFinder not in sys.meta_path:
-        sys.meta_path.insert(0, _VerlFinder)
+    if enabled() and "verl" not in sys.modules and _activate not in _waiting.get("verl", ()):
+        after_import("verl", _activate)
         state = "waiting for verl"
 
 

@@ -25,7 +25,7 @@ COMPATIBILITY_DOC = (ROOT / "docs" / "compatibility.md").read_text()
 
 
 def test_every_patch_module_is_listed():
-    modules = [m.name for m in pkgutil.iter_modules(patches.__path__)]
+    modules = [m.name for m in pkgutil.iter_modules(patches.__path__) if m.name != "targets"]
     assert modules, "no patch modules found"
     for name in modules:
         module = importlib.import_module(f"{patches.__name__}.{name}")
@@ -142,12 +142,15 @@ def test_a_stack_without_qwen3_5_reads_not_used_for_its_targets(patch: Patch, ta
     from tests.helpers import judge
     from verl_qwen3vl_plugin.registry import Verdict
 
-    verdict, reason = judge(patch, target, None)
+    decision = judge(patch, target, None)
+
+    verdict, reason = decision.verdict, decision.reason
     assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
     sibling = next((t for t in patch.targets if t.module == target.module.replace("qwen3_5", "qwen3_vl")), None)
     if sibling is None:  # a Qwen3.5-only patch
         assert all("qwen3_5" in t.module for t in patch.targets), patch.targets
         return
-    verdict, reason = judge(patch, sibling, None)
+    decision = judge(patch, sibling, None)
+    verdict, reason = decision.verdict, decision.reason
     assert "Qwen3.5" not in reason
     assert verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), reason

@@ -21,9 +21,12 @@ from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
     MODULES_ENV,
+    Decision,
     Verdict,
+    activation_line,
+    concerns,
     decide,
-    disabled_patches,
+    disable_list,
     dormant_reason,
 )
 from verl_qwen3vl_plugin.rollout_engines import ENGINES, describe, rollout_side
@@ -55,21 +58,14 @@ class Report:
         return 1 if self.actions or failed_selftest else 0
 
 
-def activation_line(env: dict[str, str]) -> str:
-    """The exact line that activates the plugin without the start-up hook, keeping modules the user listed."""
-    listed = [m for m in env.get(MODULES_ENV, "").split(",") if m]
-    return f"export {MODULES_ENV}={','.join(listed + [m for m in HOOK_MODULES.values() if m not in listed])}"
-
-
 def check_env(env: dict[str, str]) -> None:
     """Reject environment values verl would choke on (verl splits on ',' and imports each name verbatim)."""
     modules = env.get(MODULES_ENV, "")
     if modules and any(m != m.strip() or not m for m in modules.split(",")):
         raise UsageError(f"{MODULES_ENV}={modules!r}: names must be comma-separated with no spaces or empty entries")
-    raw = env.get(DISABLE_ENV, "")
-    unknown = {n.strip() for n in raw.split(",") if n.strip()} - {"all", *NAMES}
+    _, unknown = disable_list(NAMES, env)
     if unknown:
-        raise UsageError(f"{DISABLE_ENV}={raw!r}: unknown names {sorted(unknown)}; valid: all, {', '.join(NAMES)}")
+        raise UsageError(f"{DISABLE_ENV}={env[DISABLE_ENV]!r}: unknown names {unknown}; valid: all, {', '.join(NAMES)}")
 
 
 def _why_inactive(env: dict[str, str], observed: dict[str, object]) -> str:
@@ -121,14 +117,15 @@ def patch_verdicts(
     device this machine has."""
     report, actions = {}, []
     for patch in PATCHES:
-        concerns_here = patch.devices is None or any(present.get(d) for d in patch.devices)
+        concerns_here = concerns(patch, present)
         targets = {}
         for target in patch.targets:
             try:
-                verdict, reason = decide(patch, target, installed(target.module), disabled)
+                decision = decide(patch, target, installed(target.module), disabled)
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
-                verdict, reason = Verdict.UNRECOGNIZED, f"{type(exc).__name__}: {exc}"
-            targets[target.label] = {"verdict": verdict.value, "reason": reason}
+                decision = Decision(Verdict.UNRECOGNIZED, "probe-failed", f"{type(exc).__name__}: {exc}")
+            verdict, reason = decision.verdict, decision.reason
+            targets[target.label] = {"verdict": verdict.value, "shape": decision.shape, "reason": reason}
             if verdict is Verdict.UNRECOGNIZED and concerns_here and target.apply is None:  # known, not patchable
                 actions.append(f"patch {patch.name} cannot fix {target.label}: {reason}")
             elif verdict is Verdict.UNRECOGNIZED and concerns_here:
@@ -161,7 +158,7 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
         raise UsageError("verl is not installed in this Python environment")
     info, actions = activation(env)
     present = devices()
-    disabled = disabled_patches(NAMES, env)
+    disabled, _ = disable_list(NAMES, env)
     patches, unrecognized = patch_verdicts(present, disabled)
     report = Report(versions, info, patches, present, actions + unrecognized, _routing_replay(patches))
     report.rollout_side = rollout_side()

@@ -1,10 +1,11 @@
-"""The patch registry: what a patch is (``Patch`` and its ``Target``s), what its probe decided (``Verdict``), what it
-did in this process (a ``Status`` per patch and target), and how a hook installs the patches it is given.
+"""The patch registry: what a patch is (``Patch`` and its ``Target``s), what its probe decided (a ``Decision``: a
+verdict and the stable id of the upstream shape it recognised), what it did in this process (a ``Status`` per patch
+and target), and how a hook installs the patches it is given.
 
-It imports nothing of the plugin's at module level, and only the standard library: the hook modules import this
-before anything that can fail, so a broken environment still ends up as a recorded ``failed`` status and a WARNING,
-never an exception in ``import verl``; and the patch modules, which import this, are never imported from here.
-Specs are NamedTuples, not dataclasses: they are built at ``import verl``, where every millisecond counts.
+It imports only the standard library: the hook modules import this before anything that can fail, so a broken
+environment still ends up as a recorded ``failed`` status and a WARNING, never an exception in ``import verl``. At
+``import verl`` the hooks read the generated target index (``patches/targets.py``) and import no patch module: a
+patch's spec is imported when one of its targets is.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import ast
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from verl_qwen3vl_plugin.compat import Source
@@ -32,8 +34,16 @@ MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 MODEL, NPU = "model", "npu"
 # The hook group -> the module verl imports for it. pyproject's entry points name the same modules (contract test).
 HOOK_MODULES = {MODEL: "verl_qwen3vl_plugin.hooks.model_patch", NPU: "verl_qwen3vl_plugin.hooks.npu_patch"}
-# The line that activates the plugin where the start-up hook cannot (``python -S``, or the hook switched off).
-ACTIVATION_LINE = f"export {MODULES_ENV}={','.join(HOOK_MODULES.values())}"
+
+
+def activation_line(env: Mapping[str, str] | None = None) -> str:
+    """The line that activates the plugin where the start-up hook cannot (``python -S``, or the hook switched off),
+    keeping the modules ``env`` already lists."""
+    listed = [m for m in (env or {}).get(MODULES_ENV, "").split(",") if m]
+    return f"export {MODULES_ENV}={','.join(listed + [m for m in HOOK_MODULES.values() if m not in listed])}"
+
+
+ACTIVATION_LINE = activation_line()
 
 
 class Verdict(str, Enum):
@@ -66,35 +76,43 @@ _OUTCOME = {
 }
 
 
-class Decision(NamedTuple):
+@dataclass(frozen=True)
+class Decision:
+    """A probe's conclusion. ``shape`` is a stable id of what it recognised (``verl0.7.0-top-k-experts``; for
+    ``unrecognized``, what it missed): appliers and tests branch on it, never on ``reason``, which is for people."""
+
     verdict: Verdict
+    shape: str
     reason: str
 
 
-class Target(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Target:
     """One upstream module a patch acts on (or, with ``name``, one thing in it), and what to do once it is imported."""
 
     module: str
     decide: Callable[[ast.Module], Decision]  # from the module's parsed source, without importing it
-    # Called with the imported module when the verdict is APPLY; None: a target the plugin only reports on (its probe
-    # never says APPLY).
-    apply: Callable[[ModuleType], None] | None
-    # The verdict where the module does not exist, from what upstream has instead; None: unrecognized.
+    # Called with the imported module and the decision when the verdict is APPLY; None: a target the plugin only
+    # reports on (its probe never says APPLY).
+    apply: Callable[[ModuleType, Decision], None] | None
+    # The decision where the module does not exist, from what upstream has instead; None: unrecognized.
     absent: Callable[[], Decision] | None = None
     name: str = ""  # what in the module is judged, where one patch has two targets in one module
+    reads: tuple[str, ...] = ()  # the other modules its probe reads (a contract test holds every probe to this)
 
     @property
     def label(self) -> str:
         return f"{self.module}:{self.name}" if self.name else self.module
 
 
-def not_used_when_absent(reason: str) -> Callable[[], Decision]:
+def not_used_when_absent(shape: str, reason: str) -> Callable[[], Decision]:
     """A target's ``absent`` for a module this stack may lack (an older release, a model family it does not ship):
     "not used", saying why, instead of failing closed."""
-    return lambda: Decision(Verdict.NOT_USED, reason)
+    return lambda: Decision(Verdict.NOT_USED, shape, reason)
 
 
-class Patch(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Patch:
     """One patch: everything the hooks, the doctor, the self-test and the docs need to know about it."""
 
     name: str
@@ -110,8 +128,12 @@ class Patch(NamedTuple):
     # ``devices``; None: it runs wherever ``devices`` are present.
     dormant: Callable[[dict[str, bool]], str | None] | None = None
 
+    def target(self, label: str) -> Target:
+        return next(t for t in self.targets if t.label == label)
 
-class PatchStatus(NamedTuple):
+
+@dataclass(frozen=True)
+class PatchStatus:
     patch: str
     target: str
     status: Status
@@ -121,23 +143,30 @@ class PatchStatus(NamedTuple):
     dormant: str | None = None
 
 
+def concerns(patch: Patch, devices: Mapping[str, bool]) -> bool:
+    """Whether ``patch`` is for a machine with ``devices``: an unrecognized target warns (and the doctor asks for
+    action) only there. verl imports its FSDP engine on every machine; an Ascend-only verdict must not warn on GPUs."""
+    return patch.devices is None or any(devices.get(d) for d in patch.devices)
+
+
 def dormant_reason(patch: Patch, devices: dict[str, bool]) -> str | None:
     """Why ``patch``, once applied, does not run on a machine with ``devices``; None: it runs there."""
-    if patch.devices is not None and not any(devices.get(d) for d in patch.devices):
+    if not concerns(patch, devices):
         return f"code for {'/'.join(patch.devices)} devices, and this machine has none"
     return patch.dormant(devices) if patch.dormant is not None else None
 
 
 _statuses: dict[tuple[str, str], PatchStatus] = {}
-_installed: dict[str, Patch] = {}
+_installed: dict[str, Patch] = {}  # the specs loaded in this process, by name
+_watched: set[tuple[str, str]] = set()  # (patch, target label): each registered once per process
 
 
 def record(
     patch: str, target: str, status: Status, reason: str, verdict: Verdict | None = None, concerns_here: bool = True
 ) -> PatchStatus:
     """Store a status and log it once per change: one line per patch and target in each process. An unrecognized
-    target is a WARNING where the patch concerns this machine's devices, an INFO line elsewhere (the doctor shows
-    it either way): verl imports its FSDP engine on every machine, and an Ascend-only verdict must not warn on GPUs."""
+    target is a WARNING where the patch concerns this machine (``concerns``), an INFO line elsewhere (the doctor shows
+    it either way)."""
     new = PatchStatus(patch, target, status, verdict, reason)
     if _statuses.get((patch, target)) != new:
         _statuses[patch, target] = new
@@ -157,27 +186,20 @@ def patch_statuses() -> tuple[PatchStatus, ...]:
 
     present = devices()
     return tuple(
-        s._replace(dormant=dormant_reason(_installed[s.patch], present))
+        replace(s, dormant=dormant_reason(_installed[s.patch], present))
         if s.status is Status.APPLIED and s.patch in _installed
         else s
         for s in _statuses.values()
     )
 
 
-def disabled_patches(names: tuple[str, ...], env: Mapping[str, str]) -> frozenset[str]:
-    """The names of ``names`` listed in ``env``'s VERL_QWEN3VL_PLUGIN_DISABLE ("all": every one); unknown names warn."""
+def disable_list(names: Iterable[str], env: Mapping[str, str]) -> tuple[frozenset[str], list[str]]:
+    """The patches of ``names`` that ``env``'s VERL_QWEN3VL_PLUGIN_DISABLE switches off ("all": every one), and the
+    unknown names it lists, sorted: the hooks warn about those, the doctor refuses them."""
+    names = tuple(names)
     listed = {name.strip() for name in env.get(DISABLE_ENV, "").split(",") if name.strip()}
-    if "all" in listed:
-        return frozenset(names)
-    unknown = sorted(listed - set(names))
-    if unknown:
-        logger.warning(
-            "verl-qwen3vl-plugin: %s names unknown patches %s; valid names: all, %s",
-            DISABLE_ENV,
-            unknown,
-            ", ".join(names),
-        )
-    return frozenset(listed & set(names))
+    unknown = sorted(listed - {"all", *names})
+    return frozenset(names if "all" in listed else listed & set(names)), unknown
 
 
 def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str]) -> Decision:
@@ -185,57 +207,51 @@ def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str
     target's parsed source. Fails closed: a source that is missing, unreadable or unparsable is ``unrecognized``,
     like a shape the probe does not know, unless the target knows what a missing module means."""
     if patch.name in disabled:
-        return Decision(Verdict.DISABLED, f"listed in {DISABLE_ENV}")
+        return Decision(Verdict.DISABLED, "disabled", f"listed in {DISABLE_ENV}")
     if source.tree is None:
         if source.missing and target.absent is not None:
             return target.absent()
-        return Decision(Verdict.UNRECOGNIZED, f"{target.module} {source.problem}")
+        return Decision(Verdict.UNRECOGNIZED, "no-source", f"{target.module} {source.problem}")
     return target.decide(source.tree)
 
 
-def _on_target_imported(patch: Patch, target: Target, module: ModuleType) -> None:
+def _on_target_imported(name: str, label: str, load: Callable[[], Patch], module: ModuleType) -> None:
     try:
-        from verl_qwen3vl_plugin.compat import installed
+        from verl_qwen3vl_plugin.compat import devices, installed
 
+        patch = _installed.setdefault(name, load())
+        target = patch.target(label)
         decision = decide(patch, target, installed(target.module), frozenset())  # disabled ones are not registered
         if decision.verdict is Verdict.APPLY:
-            target.apply(module)
-        concerns = decision.verdict is not Verdict.UNRECOGNIZED or _concerns_here(patch)
-        record(patch.name, target.label, _OUTCOME[decision.verdict], decision.reason, decision.verdict, concerns)
+            target.apply(module, decision)
+        here = decision.verdict is not Verdict.UNRECOGNIZED or concerns(patch, devices())
+        record(name, label, _OUTCOME[decision.verdict], decision.reason, decision.verdict, here)
     except Exception as exc:  # a plugin problem must never break the importer of the target module
-        record(patch.name, target.label, Status.FAILED, f"{type(exc).__name__}: {exc}")
+        record(name, label, Status.FAILED, f"{type(exc).__name__}: {exc}")
 
 
-def _concerns_here(patch: Patch) -> bool:
-    if patch.devices is None:
-        return True
-    from verl_qwen3vl_plugin.compat import devices
-
-    return any(devices().get(d) for d in patch.devices)
-
-
-def _register(patch: Patch, target: Target) -> None:
+def watch(name: str, module: str, label: str, load: Callable[[], Patch], disabled: frozenset[str]) -> None:
+    """Decide and apply patch ``name``'s target ``label`` once ``module`` is imported (now, if it is); never raises.
+    ``load`` gives the spec then: at ``import verl`` nothing but names is needed."""
+    if (name, label) in _watched:
+        return
+    _watched.add((name, label))
+    if name in disabled:
+        record(name, label, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
+        return
     try:
-        import wrapt
+        from verl_qwen3vl_plugin_autoload import after_import
 
-        record(patch.name, target.label, Status.PENDING, f"waiting for {target.module} to be imported")
-        wrapt.register_post_import_hook(lambda module: _on_target_imported(patch, target, module), target.module)
+        record(name, label, Status.PENDING, f"waiting for {module} to be imported")
+        after_import(module, lambda imported: _on_target_imported(name, label, load, imported))
     except Exception as exc:
-        record(patch.name, target.label, Status.FAILED, f"{type(exc).__name__}: {exc}")
+        record(name, label, Status.FAILED, f"{type(exc).__name__}: {exc}")
 
 
-def install_group(patches: Iterable[Patch], disabled: frozenset[str]) -> None:
-    """Register ``patches`` (a hook's group), each once per process, except the ``disabled`` ones; never raises.
-
-    Targets already imported are handled right away. This is what makes any mix of the start-up hook, the entry
-    points and VERL_USE_EXTERNAL_MODULES patch exactly once.
-    """
+def install(patches: Iterable[Patch], disabled: frozenset[str]) -> None:
+    """Register ``patches`` whose specs are at hand (the hooks go through ``watch`` with the target index instead),
+    each target once per process, except the ``disabled`` ones; never raises. Targets already imported are handled
+    right away: any mix of the start-up hook, the entry points and VERL_USE_EXTERNAL_MODULES patches exactly once."""
     for patch in patches:
-        if patch.name in _installed:
-            continue
-        _installed[patch.name] = patch
         for target in patch.targets:
-            if patch.name in disabled:
-                record(patch.name, target.label, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
-            else:
-                _register(patch, target)
+            watch(patch.name, target.module, target.label, lambda patch=patch: patch, disabled)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from types import ModuleType
 
 from verl_qwen3vl_plugin.registry import Decision, Target, not_used_when_absent
 
@@ -25,20 +24,23 @@ def is_qwen3_5(cls_name: str) -> bool:
     return cls_name.startswith("Qwen3_5")
 
 
-def tower_class(module: ModuleType) -> type:
-    """The vision class of one of the four modeling modules."""
-    return getattr(module, VISION_CLASSES[module.__name__])
-
-
-NO_QWEN3_5 = not_used_when_absent("no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)")
+NO_QWEN3_5 = not_used_when_absent(
+    "no-qwen3.5-transformers", "no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)"
+)
 
 
 def vision_targets(
-    decide: Callable[[str, ast.Module | None], Decision], apply: Callable[[ModuleType], None]
+    decide: Callable[[str, ast.Module | None], Decision], apply: Callable[[type], None], reads: tuple[str, ...] = ()
 ) -> tuple[Target, ...]:
-    """One target per vision class, judged by ``decide(class name, module tree)``."""
-    return tuple(
-        Target(module, lambda tree, cls_name=cls_name: decide(cls_name, tree), apply,
-               NO_QWEN3_5 if is_qwen3_5(cls_name) else None)
-        for module, cls_name in VISION_CLASSES.items()
-    )  # fmt: skip
+    """One target per vision class, judged by ``decide(class name, module tree)``; ``apply`` gets the class."""
+
+    def target(module: str, cls_name: str) -> Target:
+        return Target(
+            module=module,
+            decide=lambda tree: decide(cls_name, tree),
+            apply=lambda imported, decision: apply(getattr(imported, cls_name)),
+            absent=NO_QWEN3_5 if is_qwen3_5(cls_name) else None,
+            reads=reads,
+        )
+
+    return tuple(target(module, cls_name) for module, cls_name in VISION_CLASSES.items())

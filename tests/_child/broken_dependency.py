@@ -1,10 +1,11 @@
-"""A plugin that cannot load its hooks' dependency (here: wrapt) must leave ``import verl`` working, warn, and record
-the failure; prints the statuses."""
+"""A plugin whose modules cannot load (here: its probes, ``compat``) must leave ``import verl`` working, warn, and
+record the failure of every target; prints the statuses."""
 
 import json
 import sys
 
-sys.modules["wrapt"] = None  # import wrapt -> ImportError
+sys.modules["verl_qwen3vl_plugin.compat"] = None  # import verl_qwen3vl_plugin.compat -> ImportError
+import transformers.models.qwen3_vl.modeling_qwen3_vl  # noqa: E402, F401
 import verl  # noqa: E402, F401
 
 import verl_qwen3vl_plugin as plugin  # noqa: E402

@@ -9,6 +9,7 @@ import verl  # noqa: F401
 
 import verl_qwen3vl_plugin as plugin
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import CALLERS, FUNCTION
+from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids
 from verl_qwen3vl_plugin.selftest.qwen3_vl_nested_position_ids import engine_rows
 
 callers = {}
@@ -20,7 +21,7 @@ for name in CALLERS:
 fix = getattr(callers["verl.workers.engine.base"], FUNCTION)
 rows, error = engine_rows(fix, [5, 5, 5])
 result = {
-    "plugins": {name: hasattr(getattr(m, FUNCTION), "__wrapped__") for name, m in callers.items()},
+    "plugins": {name: getattr(m, FUNCTION) is maybe_fix_3d_position_ids for name, m in callers.items()},
     "rows": list(rows.shape) if rows is not None else error,
     "applied": sum(
         s.status.value == "applied" for s in plugin.patch_statuses() if s.patch == "qwen3_vl_nested_position_ids"

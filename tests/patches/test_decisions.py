@@ -15,7 +15,7 @@ from verl_qwen3vl_plugin.patches import (
     npu_qwen3_vl_moe_weight_sync,
     qwen3_vl_pos_embed,
 )
-from verl_qwen3vl_plugin.registry import Verdict, decide, disabled_patches
+from verl_qwen3vl_plugin.registry import Decision, Verdict, decide, disable_list
 
 NPU = npu_qwen3_vl_moe_routing.PATCH
 POS = qwen3_vl_pos_embed.PATCH
@@ -26,18 +26,20 @@ GUARD = "        if not self.training:\n            routing_weights = torch.zero
 TRAINING_GATHER = "selected_probs = routing_weights[batch_idx, router_indices]"
 
 
-def npu_verdict(source: str | None) -> tuple[Verdict, str]:
+def npu_verdict(source: str | None) -> Decision:
     return judge(NPU, NPU.targets[0], source)
 
 
 def test_installed_verl_npu_decision():
-    verdict, reason = npu_verdict(NPU_SOURCE)
+    decision = npu_verdict(NPU_SOURCE)
+    verdict, reason = decision.verdict, decision.reason
     assert verdict is (Verdict.APPLY if VERL.release == (0, 7, 1) else Verdict.FIXED_UPSTREAM), reason
 
 
 def test_installed_transformers_pos_embed_decision():
     for target in POS.targets[:2]:
-        verdict, reason = judge(POS, target, source_text(target.module))
+        decision = judge(POS, target, source_text(target.module))
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is (Verdict.APPLY if POS_EMBED_USED else Verdict.NOT_USED), reason
 
 
@@ -47,30 +49,32 @@ class TestEditedNpuSource:
         """verl >= 0.8's shape: the guard removed."""
         fixed = NPU_SOURCE.replace(GUARD, "        routing_weights = torch.zeros_like")
         assert fixed != NPU_SOURCE
-        verdict, reason = npu_verdict(fixed)
+        decision = npu_verdict(fixed)
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and "scatters routing weights in every mode" in reason
 
     def test_experts_taking_top_k_weights_are_verl_070(self):
         v070 = NPU_SOURCE.replace("probs=selected_probs", "probs=routing_weights")
         assert v070 != NPU_SOURCE
-        verdict, reason = npu_verdict(v070.replace(TRAINING_GATHER, "pass"))
+        decision = npu_verdict(v070.replace(TRAINING_GATHER, "pass"))
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and "takes the top-k weights directly" in reason
 
     def test_experts_reading_some_other_way_are_unrecognized(self):
         """Refactored experts: neither the 0.7.1 gather nor the 0.7.0 pass-through. Not "fixed upstream"."""
         other = NPU_SOURCE.replace(TRAINING_GATHER, "selected_probs = routing_weights.gather(1, router_indices)")
         assert other != NPU_SOURCE
-        assert npu_verdict(other)[0] is Verdict.UNRECOGNIZED
+        assert npu_verdict(other).verdict is Verdict.UNRECOGNIZED
 
     def test_renamed_block_is_unrecognized(self):
         renamed = NPU_SOURCE.replace("class NPUQwen3VLMoeTextSparseMoeBlock", "class Renamed")
-        assert npu_verdict(renamed)[0] is Verdict.UNRECOGNIZED
+        assert npu_verdict(renamed).verdict is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.parametrize("source", [None, "def broken(:\n"], ids=["missing", "unparsable"])
 def test_missing_or_unparsable_source_is_unrecognized(source):
-    assert npu_verdict(source)[0] is Verdict.UNRECOGNIZED
-    assert judge(POS, VISION, source)[0] is Verdict.UNRECOGNIZED
+    assert npu_verdict(source).verdict is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, source).verdict is Verdict.UNRECOGNIZED
 
 
 def test_unreadable_source_is_unrecognized(monkeypatch, tmp_path):
@@ -112,20 +116,20 @@ VISION_AFFECTED = SYNTH_VISION.replace("self.position_table(grid_thw)", "self.fa
 
 
 def test_synthesized_vision_sources():
-    assert judge(POS, VISION, SYNTH_VISION)[0] is Verdict.UNRECOGNIZED
-    assert judge(POS, VISION, VISION_KNOWN_FIXED)[0] is Verdict.NOT_USED
-    assert judge(POS, VISION, VISION_AFFECTED)[0] is Verdict.APPLY
+    assert judge(POS, VISION, SYNTH_VISION).verdict is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, VISION_KNOWN_FIXED).verdict is Verdict.NOT_USED
+    assert judge(POS, VISION, VISION_AFFECTED).verdict is Verdict.APPLY
     wrong_signature = VISION_AFFECTED.replace("(self, grid_thw):", "(self, grid_thw, scale):")
-    assert judge(POS, VISION, wrong_signature)[0] is Verdict.UNRECOGNIZED
+    assert judge(POS, VISION, wrong_signature).verdict is Verdict.UNRECOGNIZED
 
 
 def test_synthesized_monkey_patch_sources():
     target = POS.targets[-1]  # verl's monkey_patch
-    assert judge(POS, target, "def other():\n    pass\n")[0] is Verdict.UNRECOGNIZED
+    assert judge(POS, target, "def other():\n    pass\n").verdict is Verdict.UNRECOGNIZED
     # verl 0.7 sets none; the wrapper, which only puts the plugin's back afterwards, is right there too.
-    assert judge(POS, target, "def apply_monkey_patch(model):\n    pass\n")[0] is Verdict.APPLY
+    assert judge(POS, target, "def apply_monkey_patch(model):\n    pass\n").verdict is Verdict.APPLY
     sets = "def apply_monkey_patch(model):\n    Qwen3VLVisionModel.fast_pos_embed_interpolate = f\n"
-    assert judge(POS, target, sets)[0] is Verdict.APPLY
+    assert judge(POS, target, sets).verdict is Verdict.APPLY
 
 
 @pytest.mark.parametrize(
@@ -161,9 +165,9 @@ def test_real_hook_on_affected_synthesized_upstream_patches(tmp_path):
 def test_disabled_comes_from_the_environment_given(monkeypatch):
     """``decide`` reads no environment: the disabled set handed to it decides, as the hooks and the doctor pass it."""
     monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "all")  # this process's: must not count
-    disabled = disabled_patches(NAMES, {"VERL_QWEN3VL_PLUGIN_DISABLE": "npu_qwen3_vl_moe_routing"})
-    assert decide(NPU, NPU.targets[0], parse(NPU_SOURCE), disabled)[0] is Verdict.DISABLED
-    assert decide(POS, VISION, parse(VISION_SOURCE), disabled)[0] is not Verdict.DISABLED
+    disabled, _ = disable_list(NAMES, {"VERL_QWEN3VL_PLUGIN_DISABLE": "npu_qwen3_vl_moe_routing"})
+    assert decide(NPU, NPU.targets[0], parse(NPU_SOURCE), disabled).verdict is Verdict.DISABLED
+    assert decide(POS, VISION, parse(VISION_SOURCE), disabled).verdict is not Verdict.DISABLED
 
 
 SYNC = npu_qwen3_vl_moe_weight_sync.PATCH
@@ -173,8 +177,8 @@ SYNCS = VERL.release >= (0, 9)
 
 def test_installed_verl_weight_sync_decision():
     utils, caller, shard_export = (judge(SYNC, t, source_text(t.module)) for t in SYNC.targets)
-    for verdict, reason in (utils, caller):
-        assert verdict is (Verdict.APPLY if SYNCS else Verdict.NOT_USED), reason
+    for decision in (utils, caller):
+        assert decision.verdict is (Verdict.APPLY if SYNCS else Verdict.NOT_USED), decision.reason
     # verl 0.9's shard export sends the NPU layout as stored: reported, not patched.
     assert shard_export.verdict is (Verdict.UNRECOGNIZED if SYNCS else Verdict.NOT_USED), shard_export.reason
 
@@ -184,7 +188,7 @@ class TestEditedWeightSyncSources:
     def test_a_split_along_another_axis_is_unrecognized(self):
         edited = UTILS_SOURCE.replace("tensor.chunk(2, dim=1)", "tensor.chunk(2, dim=2)")
         assert edited != UTILS_SOURCE
-        assert judge(SYNC, SYNC.targets[0], edited)[0] is Verdict.UNRECOGNIZED
+        assert judge(SYNC, SYNC.targets[0], edited).verdict is Verdict.UNRECOGNIZED
 
     def test_npu_experts_in_transformers5_layout_are_fixed_upstream(self, monkeypatch):
         npu = NPU_SOURCE.replace(
@@ -193,11 +197,12 @@ class TestEditedWeightSyncSources:
         )
         assert npu != NPU_SOURCE
         use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
-        verdict, reason = judge(SYNC, SYNC.targets[0], UTILS_SOURCE)
+        decision = judge(SYNC, SYNC.targets[0], UTILS_SOURCE)
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and "(E, 2I, H)" in reason
 
     def test_npu_experts_built_some_other_way_are_unrecognized(self, monkeypatch):
         npu = NPU_SOURCE.replace("torch.empty(self.num_experts, self.hidden_size, 2 * self.expert_dim)", "make()")
         assert npu != NPU_SOURCE
         use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
-        assert judge(SYNC, SYNC.targets[0], UTILS_SOURCE)[0] is Verdict.UNRECOGNIZED
+        assert judge(SYNC, SYNC.targets[0], UTILS_SOURCE).verdict is Verdict.UNRECOGNIZED

@@ -20,7 +20,8 @@ EXPECTED = Verdict.APPLY if AFFECTED else Verdict.FIXED_UPSTREAM if LEGACY else 
 
 @pytest.mark.parametrize("target", PATCH.targets, ids=["actor", "critic"])
 def test_installed_verl_decision(target):
-    verdict, reason = judge(PATCH, target, source_text(target.module))
+    decision = judge(PATCH, target, source_text(target.module))
+    verdict, reason = decision.verdict, decision.reason
     assert verdict is EXPECTED, reason
 
 
@@ -32,32 +33,34 @@ class TestEditedSources:
     def test_callers_passing_dp_group_are_fixed_upstream(self):
         fixed = self.ACTOR_SOURCE.replace("max_token_len=max_token_len)", "max_token_len=max_token_len, dp_group=g)")
         assert fixed != self.ACTOR_SOURCE
-        verdict, reason = judge(PATCH, ACTOR, fixed)
+        decision = judge(PATCH, ACTOR, fixed)
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and "passes its dp_group" in reason
 
     def test_one_caller_passing_dp_group_is_unrecognized(self):
         one = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace(")", ", dp_group=g)"), 1)
         assert one != self.ACTOR_SOURCE
-        assert judge(PATCH, ACTOR, one)[0] is Verdict.UNRECOGNIZED
+        assert judge(PATCH, ACTOR, one).verdict is Verdict.UNRECOGNIZED
 
     def test_split_through_a_helper_of_another_name_is_unrecognized(self):
         other = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace("prepare_dynamic_batch", "split_batches"))
         assert other != self.ACTOR_SOURCE
-        assert judge(PATCH, ACTOR, other)[0] is Verdict.UNRECOGNIZED
+        assert judge(PATCH, ACTOR, other).verdict is Verdict.UNRECOGNIZED
 
     def test_split_without_the_guard_is_verl_070(self, monkeypatch):
         balancing = source_text(sync.BALANCING)
         unguarded = balancing.replace(" and dp_group is not None:", ":")
         assert unguarded != balancing
         use_sources(monkeypatch, {sync.BALANCING: unguarded})
-        verdict, reason = judge(PATCH, ACTOR, self.ACTOR_SOURCE)
+        decision = judge(PATCH, ACTOR, self.ACTOR_SOURCE)
+        verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and "default group" in reason
 
 
 def test_module_absent_without_verl08s_engine_is_unrecognized(monkeypatch):
     """verl >= 0.8's positive match is its engine's split: a verl with neither is not called safe."""
     use_sources(monkeypatch, {sync.ENGINE: "class FSDPEngine:\n    pass\n"})
-    assert judge(PATCH, ACTOR, None)[0] is Verdict.UNRECOGNIZED
+    assert judge(PATCH, ACTOR, None).verdict is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.skipif(not LEGACY, reason="verl 0.7.x's legacy actor")

@@ -218,9 +218,9 @@ def test_an_extra_parameter_of_verls_split_still_applies():
     old = "def unfuse_moe_params(weights, model_type: str | None = None):"
     assert old in source
     edited = source.replace(old, "def unfuse_moe_params(weights, model_type: str | None = None, *, layout='packed'):")
-    assert judge(sync.PATCH, sync.PATCH.targets[0], edited)[0] is Verdict.APPLY
+    assert judge(sync.PATCH, sync.PATCH.targets[0], edited).verdict is Verdict.APPLY
     without = source.replace(old, "def unfuse_moe_params(weights, kind: str | None = None):")
-    assert judge(sync.PATCH, sync.PATCH.targets[0], without)[0] is Verdict.UNRECOGNIZED
+    assert judge(sync.PATCH, sync.PATCH.targets[0], without).verdict is Verdict.UNRECOGNIZED
 
 
 def test_experts_eval_is_grouped(npu):
@@ -247,11 +247,11 @@ def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
     """Routing replay's third router: verl's Ascend block takes its top-k ids from the record (all-equal rows of no
     record keep the block's own), in training, and its gate still gets a gradient."""
     from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay_patch
-    from verl_qwen3vl_plugin.registry import install_group
+    from verl_qwen3vl_plugin.registry import install
     from verl_qwen3vl_plugin.replacements.routing_replay import routes
     from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay import chosen_experts
 
-    install_group([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
+    install([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
     model = npu_model(npu, "hidden_ne_2i").train()
     slots = routes.slots(model)
     assert {type(router) for router in slots} == {npu.npu_block}

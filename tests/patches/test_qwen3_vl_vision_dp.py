@@ -21,7 +21,8 @@ VERL_SOURCE = source_text(spec.VERL_MONKEY_PATCH)
 @pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
 def test_installed_sources_apply(target):
     source = source_text(target.module)
-    verdict, reason = judge(spec.PATCH, target, source)
+    decision = judge(spec.PATCH, target, source)
+    verdict, reason = decision.verdict, decision.reason
     if source is None:  # Qwen3.5 on transformers < 5.2
         assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
         return
@@ -47,7 +48,8 @@ def test_edited_vision_forward_is_unrecognized(edit, family):
     if not forward or edit[0] not in forward:
         pytest.skip(f"this transformers' {target.module} has no {edit[0]!r}")
     source = source.replace(forward, forward.replace(*edit, 1))
-    verdict, reason = judge(spec.PATCH, target, source)
+    decision = judge(spec.PATCH, target, source)
+    verdict, reason = decision.verdict, decision.reason
     assert verdict is Verdict.UNRECOGNIZED, reason
 
 
@@ -59,8 +61,10 @@ def test_verl_slicing_before_the_tower_is_unrecognized(family, prefix):
         pytest.skip(f"this verl has no {family}")
     assert spec.decide_verl(ast.parse(VERL_SOURCE), family).verdict is Verdict.APPLY
     edited = VERL_SOURCE.replace(f"{spec.VERL_SLICER}({prefix}", f"print({prefix}")
-    verdict, reason = spec.decide_verl(ast.parse(edited), family)
-    assert verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in reason and family in reason
+    decision = spec.decide_verl(ast.parse(edited), family)
+    assert (
+        decision.verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in decision.reason and family in decision.reason
+    )
     assert spec.decide_verl(None, family).verdict is Verdict.UNRECOGNIZED
 
 

@@ -11,7 +11,8 @@ import torch
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe
 
 from tests.helpers import judge, source_text
-from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH, upstream_forward
+from verl_qwen3vl_plugin import originals
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH
 from verl_qwen3vl_plugin.registry import Verdict
 from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts import (
@@ -26,7 +27,7 @@ from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts import (
 
 VERDICT = judge(PATCH, PATCH.targets[0], source_text(modeling_qwen3_vl_moe.__name__)).verdict
 pytestmark = pytest.mark.skipif(VERDICT is not Verdict.APPLY, reason="transformers 5's experts are sparse already")
-UPSTREAM = upstream_forward(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts)
+UPSTREAM = originals.original(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts, "forward")
 PATHS = {
     "grouped_mm": functools.partial(sparse_experts_forward, use_grouped_mm=True),
     "fallback": functools.partial(sparse_experts_forward, use_grouped_mm=False),

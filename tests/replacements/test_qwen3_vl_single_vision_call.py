@@ -30,7 +30,7 @@ KINDS = {"qwen3_vl": ["dense", "moe"], "qwen3_5": ["qwen3_5", "qwen3_5_moe"]}
 
 
 def verdict(source: str | None, target: int = 0) -> Verdict:
-    return judge(spec.PATCH, spec.PATCH.targets[target], source)[0]
+    return judge(spec.PATCH, spec.PATCH.targets[target], source).verdict
 
 
 def test_installed_verl_applies():

@@ -1,36 +1,40 @@
-"""Every patch the plugin ships, one module each; add a patch here once.
+"""Every patch the plugin ships: one module each, named for the patch; add its name to ``NAMES`` once.
 
-The hooks install their group from ``PATCHES``; the doctor, the self-test, the disable names and the docs tests all
-iterate over it. Patch modules import no torch: this list is built at ``import verl``.
+The doctor, the self-test, the docs generator and the tests read the specs (``PATCHES``, imported on first use). The
+hooks read only the generated ``targets.TARGETS`` at ``import verl``: a patch module is imported when one of its
+targets is.
 """
 
-from verl_qwen3vl_plugin.patches import (
-    dp_actor_dynamic_batch_sync,
-    npu_qwen3_vl_moe_routing,
-    npu_qwen3_vl_moe_sparse_eval,
-    npu_qwen3_vl_moe_weight_sync,
-    qwen3_5_packed_delta_net,
-    qwen3_vl_moe_routing_replay,
-    qwen3_vl_moe_sparse_experts,
-    qwen3_vl_nested_position_ids,
-    qwen3_vl_pos_embed,
-    qwen3_vl_single_vision_call,
-    qwen3_vl_vision_dp,
-    vision_placeholder_ban,
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_qwen3vl_plugin.registry import Patch
+
+NAMES = (
+    "qwen3_vl_pos_embed",
+    "qwen3_vl_moe_sparse_experts",
+    "qwen3_vl_single_vision_call",
+    "qwen3_vl_vision_dp",
+    "qwen3_5_packed_delta_net",
+    "dp_actor_dynamic_batch_sync",
+    "qwen3_vl_nested_position_ids",
+    "qwen3_vl_moe_routing_replay",
+    "vision_placeholder_ban",
+    "npu_qwen3_vl_moe_routing",
+    "npu_qwen3_vl_moe_sparse_eval",
+    "npu_qwen3_vl_moe_weight_sync",
 )
 
-PATCHES = (
-    qwen3_vl_pos_embed.PATCH,
-    qwen3_vl_moe_sparse_experts.PATCH,
-    qwen3_vl_single_vision_call.PATCH,
-    qwen3_vl_vision_dp.PATCH,
-    qwen3_5_packed_delta_net.PATCH,
-    dp_actor_dynamic_batch_sync.PATCH,
-    qwen3_vl_nested_position_ids.PATCH,
-    qwen3_vl_moe_routing_replay.PATCH,
-    vision_placeholder_ban.PATCH,
-    npu_qwen3_vl_moe_routing.PATCH,
-    npu_qwen3_vl_moe_sparse_eval.PATCH,
-    npu_qwen3_vl_moe_weight_sync.PATCH,
-)
-NAMES = tuple(patch.name for patch in PATCHES)
+
+def spec(name: str) -> Patch:
+    """The spec of patch ``name`` (its module's ``PATCH``)."""
+    return importlib.import_module(f"{__name__}.{name}").PATCH
+
+
+def __getattr__(attr: str) -> tuple[Patch, ...]:
+    if attr != "PATCHES":
+        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    return tuple(spec(name) for name in NAMES)

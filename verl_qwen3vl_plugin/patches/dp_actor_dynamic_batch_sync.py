@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 BALANCING = "verl.utils.seqlen_balancing"
@@ -86,11 +86,19 @@ def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
     tree = compat.tree(BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
-        return Decision(Verdict.UNRECOGNIZED, f"{BALANCING} lacks {FUNCTION} or {SPLITTER}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "balancing-lacks-function-or-splitter", f"{BALANCING} lacks {FUNCTION} or {SPLITTER}"
+        )
     if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "function-not-data-max-token-len",
+            f"{FUNCTION} is not (data, max_token_len, dp_group, ...)",
+        )
     if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not hand dp_group to {SPLITTER}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "function-does-not-hand-dp-group", f"{FUNCTION} does not hand dp_group to {SPLITTER}"
+        )
     return prepare, split
 
 
@@ -103,16 +111,30 @@ def decide_balancing() -> Decision:
     _, split = found
     reduces = _count_syncs(split)
     if len(reduces) != 1:
-        return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} does not all-reduce the count over dp_group once")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "splitter-does-not-all-reduce-count",
+            f"{SPLITTER} does not all-reduce the count over dp_group once",
+        )
     clauses = [c for t in _conditions_over(split, reduces[0]) for c in _clauses(_expanded(split, t))]
     texts = [ast.unparse(c) for c in clauses]
     reads = sum(isinstance(n, ast.Name) and n.id == "dp_group" for n in ast.walk(split))
     if not set(texts) <= KNOWN_CLAUSES or reads != 1 + texts.count(GUARD):
-        return Decision(Verdict.UNRECOGNIZED, f"{SPLITTER} conditions its count sync in an unknown way")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "splitter-conditions-count-sync-unknown-way",
+            f"{SPLITTER} conditions its count sync in an unknown way",
+        )
     if GUARD in texts:
-        return Decision(Verdict.APPLY, f"{SPLITTER} syncs the micro-batch count only when given a dp_group")
+        return Decision(
+            Verdict.APPLY,
+            "splitter-syncs-micro-batch-count-only",
+            f"{SPLITTER} syncs the micro-batch count only when given a dp_group",
+        )
     return Decision(
-        Verdict.FIXED_UPSTREAM, f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)"
+        Verdict.FIXED_UPSTREAM,
+        "splitter-syncs-count-over-default-group",
+        f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)",
     )
 
 
@@ -148,17 +170,29 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     calls = [c for found in per_method for c in found]
     if cls is None or not imported or any(len(found) != 1 for found in per_method):
         return Decision(
-            Verdict.UNRECOGNIZED, f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})"
+            Verdict.UNRECOGNIZED,
+            "cls-name-does-not-split-batches",
+            f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})",
         )
     balancing = decide_balancing()
     if balancing.verdict is Verdict.UNRECOGNIZED:
         return balancing
     if all(_passes_group(c, 2) for c in calls):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{cls_name} passes its dp_group to {FUNCTION}")
+        return Decision(
+            Verdict.FIXED_UPSTREAM, "cls-name-passes-dp-group-function", f"{cls_name} passes its dp_group to {FUNCTION}"
+        )
     if any(_passes_group(c, 2) for c in calls):
-        return Decision(Verdict.UNRECOGNIZED, f"{cls_name} passes dp_group to {FUNCTION} in some calls only")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "cls-name-passes-dp-group-function",
+            f"{cls_name} passes dp_group to {FUNCTION} in some calls only",
+        )
     if balancing.verdict is Verdict.APPLY:
-        return Decision(Verdict.APPLY, f"{cls_name}.{'/'.join(methods)} pass no dp_group and {balancing.reason}")
+        return Decision(
+            Verdict.APPLY,
+            "cls-name-join-pass-no-dp",
+            f"{cls_name}.{'/'.join(methods)} pass no dp_group and {balancing.reason}",
+        )
     return balancing
 
 
@@ -186,24 +220,33 @@ def decide_engine() -> Decision:
     ):
         return Decision(
             Verdict.NOT_USED,
+            "no-legacy-fsdp-actor-critic-every",
             "no legacy FSDP actor/critic; every split of the FSDP engine gets its DP group (verl#5591)",
         )
-    return Decision(Verdict.UNRECOGNIZED, "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's")
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "no-legacy-fsdp-actor-critic",
+        "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's",
+    )
 
 
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.dp_actor_dynamic_batch_sync import with_default_group
 
-    current = getattr(module, FUNCTION)
-    if current.__module__ != with_default_group.__module__:
-        setattr(module, FUNCTION, with_default_group(current))
+    originals.wrap(module, FUNCTION, with_default_group)
 
 
 PATCH = Patch(
     name="dp_actor_dynamic_batch_sync",
     group=MODEL,
     targets=tuple(
-        Target(module, lambda tree, module=module: decide_caller(module, tree), _apply, decide_engine)
+        Target(
+            module=module,
+            decide=lambda tree, module=module: decide_caller(module, tree),
+            apply=_apply,
+            absent=decide_engine,
+            reads=(BALANCING, ENGINE, ENGINE_UTILS),
+        )
         for module in CALLERS
     ),
     devices=None,

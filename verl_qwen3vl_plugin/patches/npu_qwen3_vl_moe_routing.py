@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
 
 TARGET = "verl.models.transformers.npu_patch"
@@ -73,37 +73,64 @@ def _unpermutes_with_top_k(experts_forward: ast.FunctionDef) -> bool:
     )
 
 
-TOP_K_EXPERTS = f"{EXPERTS} takes the top-k weights directly in training (0.7.0)"
+# The known shapes: verl 0.7.1 (affected), 0.7.0 and >= 0.8 (fixed).
+EVAL_ONLY_SCATTER, TOP_K_EXPERTS, ALWAYS_SCATTERS = (
+    "verl0.7.1-eval-only-scatter",
+    "verl0.7.0-top-k-experts",
+    "verl0.8-scatters",
+)
 
 
 def decide(tree: ast.Module) -> Decision:
     block = compat.find_function(compat.find_class(tree, BLOCK), "forward")
     experts = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if block is None or experts is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "no-block-forward-or-experts-forward",
+            f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch",
+        )
     if compat.parameters(block) != ["self", "hidden_states"] or compat.parameters(experts) != EXPERTS_SIGNATURE:
-        return Decision(Verdict.UNRECOGNIZED, f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "block-forward-or-experts-forward-has",
+            f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature",
+        )
     if _always_scatters(block) and not _eval_only_scatter(block):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{BLOCK}.forward scatters routing weights in every mode (verl >= 0.8)")
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            ALWAYS_SCATTERS,
+            f"{BLOCK}.forward scatters routing weights in every mode (verl >= 0.8)",
+        )
     if _eval_only_scatter(block) and not _always_scatters(block):
         reads, unpermutes = _reads_dense_by_token(experts), _unpermutes_with_top_k(experts)
         if reads and not unpermutes:
-            return Decision(Verdict.APPLY, f"{BLOCK}.forward scatters routing weights only in eval; fixed to always")
+            return Decision(
+                Verdict.APPLY,
+                EVAL_ONLY_SCATTER,
+                f"{BLOCK}.forward scatters routing weights only in eval; fixed to always",
+            )
         if unpermutes and not reads:
-            return Decision(Verdict.FIXED_UPSTREAM, TOP_K_EXPERTS)
-    return Decision(Verdict.UNRECOGNIZED, f"{BLOCK} and {EXPERTS} match no known verl release's routing")
+            return Decision(
+                Verdict.FIXED_UPSTREAM, TOP_K_EXPERTS, f"{EXPERTS} takes the top-k weights directly in training (0.7.0)"
+            )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "block-experts-match-no-known-verl",
+        f"{BLOCK} and {EXPERTS} match no known verl release's routing",
+    )
 
 
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import sparse_moe_block_forward
 
-    getattr(module, BLOCK).forward = sparse_moe_block_forward
+    originals.replace(getattr(module, BLOCK), "forward", sparse_moe_block_forward)
 
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_routing",
     group=NPU,
-    targets=(Target(TARGET, decide, _apply),),
+    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=("npu",),
     why=(
         "verl 0.7.1's Ascend Qwen3-VL-MoE block builds its dense routing matrix only in eval, while its experts "

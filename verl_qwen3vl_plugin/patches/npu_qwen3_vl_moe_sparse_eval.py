@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
 
 TARGET = "verl.models.transformers.npu_patch"
@@ -49,30 +49,46 @@ def _grouped(node: ast.AST) -> bool:
 def decide(tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if forward is None or compat.find_class(tree, GMM) is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "no-experts-forward-or-gmm-verls",
+            f"no {EXPERTS}.forward or {GMM} in verl's npu_patch",
+        )
     if compat.parameters(forward) != SIGNATURE:
-        return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})")
+        return Decision(
+            Verdict.UNRECOGNIZED, "experts-forward-not-join", f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})"
+        )
     branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and compat.mentions(n.test, "training")]
     if not branches and _grouped(forward):
-        return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS}.forward is grouped in every mode")
+        return Decision(
+            Verdict.FIXED_UPSTREAM, "experts-forward-grouped-every-mode", f"{EXPERTS}.forward is grouped in every mode"
+        )
     if len(branches) == 1 and ast.unparse(branches[0].test) == "self.training":
         training, other = ast.Module(branches[0].body, []), ast.Module(branches[0].orelse, [])
         if _grouped(training) and compat.calls(other, "bmm") and compat.calls(other, "repeat"):
-            return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token when not training")
-    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches no known verl release's grouped/dense split")
+            return Decision(
+                Verdict.APPLY,
+                "experts-forward-runs-every-expert-every",
+                f"{EXPERTS}.forward runs every expert on every token when not training",
+            )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "experts-forward-matches-no-known-verl",
+        f"{EXPERTS}.forward matches no known verl release's grouped/dense split",
+    )
 
 
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_sparse_eval import grouped_eval_forward
 
-    experts = getattr(module, EXPERTS)
-    experts.forward = grouped_eval_forward(experts.forward, getattr(module, GMM))
+    gmm = getattr(module, GMM)
+    originals.wrap(getattr(module, EXPERTS), "forward", lambda verl_forward: grouped_eval_forward(verl_forward, gmm))
 
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_sparse_eval",
     group=NPU,
-    targets=(Target(TARGET, decide, _apply),),
+    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=("npu",),
     why=(
         "verl's Ascend Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl computes old "

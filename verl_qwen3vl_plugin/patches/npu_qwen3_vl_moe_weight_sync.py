@@ -33,7 +33,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
 
 UTILS = "verl.workers.engine.fsdp.utils"
@@ -129,22 +129,40 @@ def npu_experts_layout() -> Decision | None:
     """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
     init = compat.find_function(compat.find_class(compat.tree(NPU_PATCH), EXPERTS), "__init__")
     if init is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.__init__ in verl's npu_patch")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-experts-init-verls-npu-patch", f"no {EXPERTS}.__init__ in verl's npu_patch"
+        )
     shape = compat.empty_shape(init, "gate_up_proj")
     if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
         return None
     if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
-        return Decision(Verdict.FIXED_UPSTREAM, f"{EXPERTS} stores transformers 5's (E, 2I, H) layout")
-    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.gate_up_proj is built as {shape}")
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "experts-stores-transformers-5s-e-2i",
+            f"{EXPERTS} stores transformers 5's (E, 2I, H) layout",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED, "experts-gate-up-proj-built-shape", f"{EXPERTS}.gate_up_proj is built as {shape}"
+    )
 
 
 def _streams_as_stored(caller: ast.Module | None) -> Decision:
     method = _per_tensor_param(caller)
     if method is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {ENGINE}.get_per_tensor_param in {CALLER}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-engine-get-per-tensor-param", f"no {ENGINE}.get_per_tensor_param in {CALLER}"
+        )
     if _stream_shape(method) == "stored":
-        return Decision(Verdict.NOT_USED, "get_per_tensor_param sends packed experts as they are stored (verl 0.7/0.8)")
-    return Decision(Verdict.UNRECOGNIZED, "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do")
+        return Decision(
+            Verdict.NOT_USED,
+            "get-per-tensor-param-sends-packed",
+            "get_per_tensor_param sends packed experts as they are stored (verl 0.7/0.8)",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "get-per-tensor-param-builds-stream",
+        "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do",
+    )
 
 
 def decide_utils(tree: ast.Module) -> Decision:
@@ -153,11 +171,21 @@ def decide_utils(tree: ast.Module) -> Decision:
         return _streams_as_stored(compat.tree(CALLER))
     parameters = compat.parameters(func)
     if parameters[:1] != ["weights"] or "model_type" not in parameters:  # what the wrapper reads; the rest pass
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not (weights, ..., model_type, ...)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "function-not-weights-model-type",
+            f"{FUNCTION} is not (weights, ..., model_type, ...)",
+        )
     if not (compat.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "function-does-not-split-gate-up",
+            f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)",
+        )
     return npu_experts_layout() or Decision(
-        Verdict.APPLY, f"{FUNCTION} assumes (E, 2I, H); verl's {EXPERTS} is (E, H, 2I): split by its own layout"
+        Verdict.APPLY,
+        "function-assumes-e-2i-h-verls",
+        f"{FUNCTION} assumes (E, 2I, H); verl's {EXPERTS} is (E, H, 2I): split by its own layout",
     )
 
 
@@ -167,46 +195,58 @@ def decide_caller(tree: ast.Module) -> Decision:
         return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
     utils = compat.tree(UTILS)
     if compat.find_function(utils, FUNCTION) is None:
-        return Decision(Verdict.UNRECOGNIZED, f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "get-per-tensor-param-calls-function",
+            f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks",
+        )
     return decide_utils(utils)
 
 
 def decide_shard_export(tree: ast.Module) -> Decision:
     engine = compat.find_class(tree, ENGINE)
     if engine is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {ENGINE} in {CALLER}")
+        return Decision(Verdict.UNRECOGNIZED, "no-engine-caller", f"no {ENGINE} in {CALLER}")
     readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and compat.mentions(f, "state_dict")}
     unknown = sorted(readers - STATE_DICT_READERS)
     if unknown:
-        return Decision(Verdict.UNRECOGNIZED, f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "engine-join-read-state-dict-unknown",
+            f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way",
+        )
     exports = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in SHARD_EXPORTS}
     if not exports:
-        return Decision(Verdict.NOT_USED, f"{ENGINE} has no shard export (verl 0.7/0.8)")
+        return Decision(
+            Verdict.NOT_USED, "engine-has-no-shard-export-verl", f"{ENGINE} has no shard export (verl 0.7/0.8)"
+        )
     layout = npu_experts_layout()
     if layout is not None:
         return layout
     return Decision(
         Verdict.UNRECOGNIZED,
+        "shard-export-delta-checkpoint-engines-export",
         f"{SHARD_EXPORT} (the delta checkpoint engine's export) sends verl's NPU experts in their (E, H, 2I) layout "
         "under transformers 5's names; not patched: use the full weight sync for Qwen3-VL-MoE on Ascend",
     )
 
 
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_weight_sync import layout_aware
 
-    current = getattr(module, FUNCTION)
-    if current.__module__ != layout_aware.__module__:  # the caller binds utils' name at import: it may hold ours
-        setattr(module, FUNCTION, layout_aware(current))
+    if getattr(module, FUNCTION).__module__ != layout_aware.__module__:  # the caller binds utils' name: maybe ours
+        originals.wrap(module, FUNCTION, layout_aware)
 
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_weight_sync",
     group=NPU,
     targets=(
-        Target(UTILS, decide_utils, _apply),
-        Target(CALLER, decide_caller, _apply),
-        Target(CALLER, decide_shard_export, None, name=f"{ENGINE}.{SHARD_EXPORT}"),
+        Target(module=UTILS, decide=decide_utils, apply=_apply, reads=(CALLER, NPU_PATCH)),
+        Target(module=CALLER, decide=decide_caller, apply=_apply, reads=(UTILS, NPU_PATCH)),
+        Target(
+            module=CALLER, decide=decide_shard_export, apply=None, name=f"{ENGINE}.{SHARD_EXPORT}", reads=(NPU_PATCH,)
+        ),
     ),
     devices=("npu",),
     why=(

@@ -34,7 +34,7 @@ import ast
 import importlib.util
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
 VERL_TARGET = "verl.models.transformers.qwen3_5"
@@ -68,9 +68,14 @@ def decide_verl(tree: ast.Module) -> Decision:
         if compat.find_function(tree, "qwen3_5_base_forward") is not None:
             return Decision(
                 Verdict.NOT_USED,
+                "verl-0.8-has-no-delta-net",
                 "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)",
             )
-        return Decision(Verdict.UNRECOGNIZED, f"{VERL_TARGET} has neither {FUNCTION} nor qwen3_5_base_forward")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "verl-target-has-neither-function-nor",
+            f"{VERL_TARGET} has neither {FUNCTION} nor qwen3_5_base_forward",
+        )
     helper = compat.find_function(tree, "_packed_chunk_gated_delta_rule")
     if (
         compat.parameters(func) != PARAMETERS
@@ -80,25 +85,34 @@ def decide_verl(tree: ast.Module) -> Decision:
         or not compat.has_string(helper, "cu_seqlens")
     ):
         return Decision(
-            Verdict.UNRECOGNIZED, f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)"
+            Verdict.UNRECOGNIZED,
+            "function-not-verl-0.9-cu-seqlens",
+            f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)",
         )
     if fla_in_use():
         return Decision(
             Verdict.FIXED_UPSTREAM,
+            "packed-samples-kept-apart-fla-verl",
             "packed samples kept apart by FLA: verl hands its varlen kernel the boundaries, and its context-parallel "
             "kernel runs under Ulysses",
         )
     takes_kwargs = _fallback_takes_kwargs()
     if takes_kwargs is None:
-        return Decision(Verdict.UNRECOGNIZED, f"transformers' Qwen3.5 modeling has no {FALLBACK}")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "transformers-qwen3.5-modeling-has-no-fallback",
+            f"transformers' Qwen3.5 modeling has no {FALLBACK}",
+        )
     if takes_kwargs:
         return Decision(
             Verdict.APPLY,
+            "packed-samples-kept-apart-plugin-without",
             "packed samples kept apart by the plugin: without FLA verl hands transformers' torch fallback cu_seqlens, "
             "which it takes as **kwargs and ignores (transformers >= 5.9): samples would mix",
         )
     return Decision(
         Verdict.APPLY,
+        "packed-samples-kept-apart-plugin-without",
         "packed samples kept apart by the plugin: without FLA verl splits them in a Python loop (right, one kernel "
         "per sample) and has no Ulysses SP; the plugin's varlen path is faster and runs SP",
     )
@@ -117,17 +131,25 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
     verl = compat.installed(VERL_TARGET)
     if verl.tree is None:
         if verl.missing:
-            return Decision(Verdict.NOT_USED, NO_VERL_QWEN3_5)
-        return Decision(Verdict.UNRECOGNIZED, f"{VERL_TARGET} {verl.problem}")
+            return Decision(Verdict.NOT_USED, "no-verl-qwen3-5", NO_VERL_QWEN3_5)
+        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{VERL_TARGET} {verl.problem}")
     if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
         compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
-        return Decision(Verdict.NOT_USED, f"verl replaces this layer's forward with its {FUNCTION} (its own target)")
+        return Decision(
+            Verdict.NOT_USED,
+            "verl-replaces-layers-forward-function-own",
+            f"verl replaces this layer's forward with its {FUNCTION} (its own target)",
+        )
     prefix = FAMILIES[module]
     layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
     decoder = compat.find_function(compat.find_class(tree, f"{prefix}DecoderLayer"), "forward")
     if layer is None or decoder is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "no-prefixgateddeltanet-forward-or-prefixdecoderlayer-forward",
+            f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward",
+        )
     keywords = _linear_attn_keywords(decoder)
     if (
         compat.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
@@ -138,37 +160,39 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
     ):
         return Decision(
             Verdict.UNRECOGNIZED,
+            "prefixdecoderlayer-does-not-call-self-linear",
             f"{prefix}DecoderLayer does not call self.linear_attn(hidden_states=...) without boundaries as "
             "transformers 5.2 to 5.10 do",
         )
     return Decision(
         Verdict.APPLY,
+        "packed-samples-kept-apart-plugin-verl",
         "packed samples kept apart by the plugin: verl 0.8 passes this layer no boundaries, so its convolution and "
         "recurrence run across packed samples (FLA or not), and under Ulysses each rank's starts from zero",
     )
 
 
-def _apply_verl(module: ModuleType) -> None:
+def _apply_verl(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import packed_forward
 
-    setattr(module, FUNCTION, packed_forward(getattr(module, FUNCTION)))
-
-
-def _apply_transformers(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import boundary_decoder_forward, packed_forward
-
-    prefix = FAMILIES[module.__name__]
-    layer, decoder = getattr(module, f"{prefix}GatedDeltaNet"), getattr(module, f"{prefix}DecoderLayer")
-    layer.forward = packed_forward(layer.forward)
-    decoder.forward = boundary_decoder_forward(decoder.forward)
+    originals.wrap(module, FUNCTION, packed_forward)
 
 
 def _transformers_target(module: str) -> Target:
+    prefix = FAMILIES[module]
+
+    def apply(imported: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import boundary_decoder_forward, packed_forward
+
+        originals.wrap(getattr(imported, f"{prefix}GatedDeltaNet"), "forward", packed_forward)
+        originals.wrap(getattr(imported, f"{prefix}DecoderLayer"), "forward", boundary_decoder_forward)
+
     return Target(
-        module,
-        lambda tree: decide_transformers(tree, module),
-        _apply_transformers,
-        not_used_when_absent("this transformers has no Qwen3.5 (>= 5.2)"),
+        module=module,
+        decide=lambda tree: decide_transformers(tree, module),
+        apply=apply,
+        absent=not_used_when_absent("no-qwen3.5-transformers", "this transformers has no Qwen3.5 (>= 5.2)"),
+        reads=(VERL_TARGET, MONKEY_PATCH),
     )
 
 
@@ -176,7 +200,13 @@ PATCH = Patch(
     name="qwen3_5_packed_delta_net",
     group=MODEL,
     targets=(
-        Target(VERL_TARGET, decide_verl, _apply_verl, not_used_when_absent(NO_VERL_QWEN3_5)),
+        Target(
+            module=VERL_TARGET,
+            decide=decide_verl,
+            apply=_apply_verl,
+            absent=not_used_when_absent("no-verl-qwen3.5", NO_VERL_QWEN3_5),
+            reads=(MONKEY_PATCH,),
+        ),
         *(_transformers_target(module) for module in FAMILIES),
     ),
     devices=None,

@@ -35,9 +35,10 @@ Targets, each judged by its shape alone (the probes' whole knowledge):
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
 
@@ -52,6 +53,9 @@ WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
 ENGINE, ENGINE_BASE, ENGINE_LM = "verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "FSDPEngineWithLMHead"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
+# The top-k routers' known shapes: transformers 5.3 returns the softmax first, 5.8 and later the logits.
+RETURNS_PROBABILITIES, RETURNS_LOGITS = "tf5.3-router-returns-probabilities", "tf5.8-router-returns-logits"
+NPU_BLOCK_ROUTES = "npu-block-routes-itself"
 
 
 def _forward(tree: ast.Module | None, cls_name: str) -> ast.FunctionDef | None:
@@ -87,15 +91,25 @@ def _routes_itself(forward: ast.FunctionDef | None, returns: int) -> bool:
 def decide_sparse_block(tree: ast.Module) -> Decision:
     forward = _forward(tree, BLOCK)
     if _routes_itself(forward, 2):
-        return Decision(Verdict.APPLY, f"{BLOCK} routes its tokens itself (transformers 4.57)")
+        return Decision(
+            Verdict.APPLY,
+            "block-routes-tokens-itself-transformers-4.57",
+            f"{BLOCK} routes its tokens itself (transformers 4.57)",
+        )
     if (
         forward is not None
         and compat.calls_self(forward, "gate")
         and not compat.calls(forward, "topk")
         and compat.find_class(tree, ROUTER) is not None
     ):
-        return Decision(Verdict.NOT_USED, f"{BLOCK} takes its routes from {ROUTER} (transformers 5)")
-    return Decision(Verdict.UNRECOGNIZED, f"{BLOCK}.forward routes in an unknown way")
+        return Decision(
+            Verdict.NOT_USED,
+            "block-takes-routes-from-router-transformers",
+            f"{BLOCK} takes its routes from {ROUTER} (transformers 5)",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED, "block-forward-routes-unknown-way", f"{BLOCK}.forward routes in an unknown way"
+    )
 
 
 def returns_probabilities(forward: ast.FunctionDef) -> bool:
@@ -113,7 +127,7 @@ def returns_probabilities(forward: ast.FunctionDef) -> bool:
 def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
     forward = _forward(tree, router)
     if forward is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {router}.forward")
+        return Decision(Verdict.UNRECOGNIZED, "no-router-forward", f"no {router}.forward")
     known = (
         compat.parameters(forward) == ["self", "hidden_states"]
         and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
@@ -122,15 +136,24 @@ def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
         and set(_returns(forward)) == {3}
     )
     if not known:
-        return Decision(Verdict.UNRECOGNIZED, f"{router}.forward routes in an unknown way")
-    first = "probabilities" if returns_probabilities(forward) else "logits"
-    return Decision(Verdict.APPLY, f"{router} returns ({first}, top-k weights, top-k ids) (transformers 5)")
+        return Decision(
+            Verdict.UNRECOGNIZED, "router-forward-routes-unknown-way", f"{router}.forward routes in an unknown way"
+        )
+    if returns_probabilities(forward):
+        return Decision(
+            Verdict.APPLY, RETURNS_PROBABILITIES, f"{router} returns (probabilities, top-k weights, top-k ids)"
+        )
+    return Decision(Verdict.APPLY, RETURNS_LOGITS, f"{router} returns (logits, top-k weights, top-k ids)")
 
 
 def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
     """transformers 4.57 has no top-k router: its sparse block routes, and the sparse block target acts there."""
     if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
-        return Decision(Verdict.NOT_USED, f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
+        return Decision(
+            Verdict.NOT_USED,
+            "no-router-block-routes-transformers-4.57",
+            f"no {ROUTER}: {BLOCK} routes (transformers 4.57)",
+        )
     return decide_top_k_router(tree, ROUTER)
 
 
@@ -143,8 +166,14 @@ def decide_npu_block(tree: ast.Module) -> Decision:
     if known.verdict is Verdict.UNRECOGNIZED:
         return known
     if not _routes_itself(_forward(tree, NPU_BLOCK), 1):
-        return Decision(Verdict.UNRECOGNIZED, f"{NPU_BLOCK}.forward routes in an unknown way")
-    return Decision(Verdict.APPLY, f"{NPU_BLOCK} routes its tokens itself ({known.reason})")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "npu-block-forward-routes-unknown-way",
+            f"{NPU_BLOCK}.forward routes in an unknown way",
+        )
+    return Decision(
+        Verdict.APPLY, f"{NPU_BLOCK_ROUTES}/{known.shape}", f"{NPU_BLOCK} routes its tokens itself ({known.reason})"
+    )
 
 
 def _no_upstream_replay(*classes: ast.ClassDef) -> bool:
@@ -159,29 +188,57 @@ def decide_actor(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, ACTOR)
     step = compat.find_function(cls, "_forward_micro_batch")
     if step is None or compat.parameters(step)[:2] != ["self", "micro_batch"]:
-        return Decision(Verdict.UNRECOGNIZED, f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "no-actor-forward-micro-batch-self",
+            f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)",
+        )
     if not all(compat.calls(step, name) for name in ACTOR_LAYOUT):
-        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "actor-forward-micro-batch-lays-out",
+            f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way",
+        )
     if not (
         _selects(compat.find_function(cls, "compute_log_prob")) and _selects(compat.find_function(cls, "update_policy"))
     ):
-        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR}.compute_log_prob / update_policy do not select their keys")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "actor-compute-log-prob-update-policy",
+            f"{ACTOR}.compute_log_prob / update_policy do not select their keys",
+        )
     if not _no_upstream_replay(cls):
-        return Decision(Verdict.UNRECOGNIZED, f"{ACTOR} handles routing replay itself: review the plugin's")
-    return Decision(Verdict.APPLY, f"{ACTOR} drops routed_experts and never reads router_replay")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "actor-handles-routing-replay-itself-review",
+            f"{ACTOR} handles routing replay itself: review the plugin's",
+        )
+    return Decision(
+        Verdict.APPLY,
+        "actor-drops-routed-experts-never-reads",
+        f"{ACTOR} drops routed_experts and never reads router_replay",
+    )
 
 
 def decide_worker(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, WORKER)
     method = compat.find_function(cls, "compute_log_prob")
     if method is None or compat.parameters(method) != ["self", "data"]:
-        return Decision(Verdict.UNRECOGNIZED, f"no {WORKER}.compute_log_prob(self, data)")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-worker-compute-log-prob-self", f"no {WORKER}.compute_log_prob(self, data)"
+        )
     builds = any(
         ast.unparse(c.func) == "self.actor.compute_log_prob" for c in compat.call_nodes(method, "compute_log_prob")
     )
     if not (builds and compat.calls(method, "from_dict")) or not _no_upstream_replay(method):
-        return Decision(Verdict.UNRECOGNIZED, f"{WORKER}.compute_log_prob builds its output in an unknown way")
-    return Decision(Verdict.APPLY, f"{WORKER}.compute_log_prob returns log-probs only")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "worker-compute-log-prob-builds-output",
+            f"{WORKER}.compute_log_prob builds its output in an unknown way",
+        )
+    return Decision(
+        Verdict.APPLY, "worker-compute-log-prob-returns-log", f"{WORKER}.compute_log_prob returns log-probs only"
+    )
 
 
 def _sets_pad_size(func: ast.FunctionDef) -> bool:
@@ -199,22 +256,36 @@ def decide_engine(tree: ast.Module | None) -> Decision:
     outputs = compat.find_function(lm, "prepare_model_outputs")
     if batch is None or compat.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
         return Decision(
-            Verdict.UNRECOGNIZED, f"no {ENGINE_BASE}.forward_backward_batch(self, data, loss_function, forward_only)"
+            Verdict.UNRECOGNIZED,
+            "no-engine-base-forward-backward-batch",
+            f"no {ENGINE_BASE}.forward_backward_batch(self, data, loss_function, forward_only)",
         )
     if (
         inputs is None
         or compat.parameters(inputs) != ["self", "micro_batch"]
         or not (compat.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
     ):
-        return Decision(Verdict.UNRECOGNIZED, f"{ENGINE_LM}.prepare_model_inputs pads its tokens in an unknown way")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "engine-lm-prepare-model-inputs-pads",
+            f"{ENGINE_LM}.prepare_model_inputs pads its tokens in an unknown way",
+        )
     if outputs is None or compat.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
         return Decision(
-            Verdict.UNRECOGNIZED, f"no {ENGINE_LM}.prepare_model_outputs(self, output, output_args, micro_batch, ...)"
+            Verdict.UNRECOGNIZED,
+            "no-engine-lm-prepare-model-outputs",
+            f"no {ENGINE_LM}.prepare_model_outputs(self, output, output_args, micro_batch, ...)",
         )
     if not _no_upstream_replay(base, lm):
-        return Decision(Verdict.UNRECOGNIZED, "verl's FSDP engine reads router_replay itself: review the plugin's")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "verls-fsdp-engine-reads-router-replay",
+            "verl's FSDP engine reads router_replay itself: review the plugin's",
+        )
     return Decision(
-        Verdict.APPLY, "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)"
+        Verdict.APPLY,
+        "verls-fsdp-engine-never-reads-router",
+        "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)",
     )
 
 
@@ -244,63 +315,63 @@ def availability(verdicts: dict[str, str]) -> str:
     )
 
 
-def _apply_modeling(cls_name: str):
-    def apply(module: ModuleType) -> None:
+def _apply_sparse_block(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.replacements.routing_replay import routers
+
+    routers.patch_sparse_block(module)
+
+
+def _apply_router(cls_name: str) -> Callable[[ModuleType, Decision], None]:
+    def apply(module: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.replacements.routing_replay import routers
 
-        if cls_name == BLOCK:
-            routers.patch_sparse_block(module)
-        else:
-            forward = _forward(compat.tree(module.__name__), cls_name)
-            routers.patch_top_k_router(getattr(module, cls_name), returns_probabilities(forward))
+        routers.patch_top_k_router(getattr(module, cls_name), decision.shape == RETURNS_PROBABILITIES)
 
     return apply
 
 
-def _apply_npu(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
+def _apply_npu(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import TOP_K_EXPERTS
     from verl_qwen3vl_plugin.replacements.routing_replay import routers
 
-    routers.patch_npu_block(
-        module, top_k_in_training=routing.decide(compat.tree(NPU_PATCH)).reason == routing.TOP_K_EXPERTS
-    )
+    routers.patch_npu_block(module, top_k_in_training=decision.shape == f"{NPU_BLOCK_ROUTES}/{TOP_K_EXPERTS}")
 
 
-def _apply_actor(module: ModuleType) -> None:
+def _apply_actor(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.routing_replay import dp_actor
 
     cls = getattr(module, ACTOR)
-    cls._forward_micro_batch = dp_actor.forward_micro_batch(cls.__dict__["_forward_micro_batch"])
-    cls.compute_log_prob = dp_actor.compute_log_prob(cls.__dict__["compute_log_prob"])
-    cls.update_policy = dp_actor.update_policy(cls.__dict__["update_policy"])
+    for method in ("_forward_micro_batch", "compute_log_prob", "update_policy"):
+        originals.wrap(cls, method, getattr(dp_actor, method.lstrip("_")))
 
 
-def _apply_worker(module: ModuleType) -> None:
+def _apply_worker(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.routing_replay import dp_actor
 
-    cls = getattr(module, WORKER)
-    cls.compute_log_prob = dp_actor.worker_compute_log_prob(cls.__dict__["compute_log_prob"])
+    originals.wrap(getattr(module, WORKER), "compute_log_prob", dp_actor.worker_compute_log_prob)
 
 
-def _apply_engine(module: ModuleType) -> None:
+def _apply_engine(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.routing_replay import engine
 
-    base, lm = getattr(module, ENGINE_BASE), getattr(module, ENGINE_LM)
-    base.forward_backward_batch = engine.forward_backward_batch(base.__dict__["forward_backward_batch"])
-    lm.prepare_model_inputs = engine.prepare_model_inputs(lm.__dict__["prepare_model_inputs"])
-    lm.prepare_model_outputs = engine.prepare_model_outputs(lm.__dict__["prepare_model_outputs"])
+    originals.wrap(getattr(module, ENGINE_BASE), "forward_backward_batch", engine.forward_backward_batch)
+    for method in ("prepare_model_inputs", "prepare_model_outputs"):
+        originals.wrap(getattr(module, ENGINE_LM), method, getattr(engine, method))
 
 
-NO_QWEN3_VL_MOE = not_used_when_absent("no Qwen3-VL-MoE")
-NO_NPU_PATCH = not_used_when_absent("verl has no npu_patch")
+NO_QWEN3_VL_MOE = not_used_when_absent("no-qwen3-vl-moe", "no Qwen3-VL-MoE")
 
 
 def legacy_gone() -> Decision:
     """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
     engine = decide_engine(compat.tree(ENGINE))
     if engine.verdict is not Verdict.APPLY:
-        return Decision(Verdict.UNRECOGNIZED, f"no legacy FSDP actor, and {engine.reason}")
-    return Decision(Verdict.NOT_USED, "no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts")
+        return Decision(Verdict.UNRECOGNIZED, "no-legacy-fsdp-actor", f"no legacy FSDP actor, and {engine.reason}")
+    return Decision(
+        Verdict.NOT_USED,
+        "no-legacy-fsdp-actor-verl-0.8",
+        "no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts",
+    )
 
 
 PATCH = Patch(
@@ -308,36 +379,45 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         Target(
-            MODELING,
-            decide_sparse_block,
-            _apply_modeling(BLOCK),
-            NO_QWEN3_VL_MOE,
-            f"{BLOCK}.forward",
+            module=MODELING,
+            decide=decide_sparse_block,
+            apply=_apply_sparse_block,
+            absent=NO_QWEN3_VL_MOE,
+            name=f"{BLOCK}.forward",
         ),
         Target(
-            MODELING,
-            decide_qwen3_vl_router,
-            _apply_modeling(ROUTER),
-            NO_QWEN3_VL_MOE,
-            f"{ROUTER}.forward",
+            module=MODELING,
+            decide=decide_qwen3_vl_router,
+            apply=_apply_router(ROUTER),
+            absent=NO_QWEN3_VL_MOE,
+            name=f"{ROUTER}.forward",
         ),
         Target(
-            QWEN3_5_MODELING,
-            lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
-            _apply_modeling(QWEN3_5_ROUTER),
-            not_used_when_absent("no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"),
-            f"{QWEN3_5_ROUTER}.forward",
+            module=QWEN3_5_MODELING,
+            decide=lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
+            apply=_apply_router(QWEN3_5_ROUTER),
+            absent=not_used_when_absent(
+                "no-qwen3.5-moe", "no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"
+            ),
+            name=f"{QWEN3_5_ROUTER}.forward",
         ),
         Target(
-            NPU_PATCH,
-            decide_npu_block,
-            _apply_npu,
-            NO_NPU_PATCH,
-            f"{NPU_BLOCK}.forward",
+            module=NPU_PATCH,
+            decide=decide_npu_block,
+            apply=_apply_npu,
+            absent=not_used_when_absent("no-npu-patch", "verl has no npu_patch"),
+            name=f"{NPU_BLOCK}.forward",
         ),
-        Target(DP_ACTOR, decide_actor, _apply_actor, legacy_gone),
-        Target(WORKERS, decide_worker, _apply_worker, legacy_gone, f"{WORKER}.compute_log_prob"),
-        Target(ENGINE, decide_engine, _apply_engine),
+        Target(module=DP_ACTOR, decide=decide_actor, apply=_apply_actor, absent=legacy_gone, reads=(ENGINE,)),
+        Target(
+            module=WORKERS,
+            decide=decide_worker,
+            apply=_apply_worker,
+            absent=legacy_gone,
+            name=f"{WORKER}.compute_log_prob",
+            reads=(ENGINE,),
+        ),
+        Target(module=ENGINE, decide=decide_engine, apply=_apply_engine),
     ),
     devices=None,
     why=(

@@ -18,10 +18,9 @@ run: the patch is applied but dormant there.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 TARGET = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
@@ -66,23 +65,42 @@ def decide(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, EXPERTS)
     forward = compat.find_function(cls, "forward")
     if cls is None or forward is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {EXPERTS}.forward in this transformers")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-experts-forward-transformers", f"no {EXPERTS}.forward in this transformers"
+        )
     dense = _dense_products(forward)
     decorators = [ast.unparse(d) for d in cls.decorator_list]
     if decorators == ["use_experts_implementation"] and _imports_decorator(tree):
         if dense:
-            return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS} dispatches on experts_implementation, but calls {dense}")
+            return Decision(
+                Verdict.UNRECOGNIZED,
+                "experts-dispatches-experts-implementation",
+                f"{EXPERTS} dispatches on experts_implementation, but calls {dense}",
+            )
         return Decision(
             Verdict.FIXED_UPSTREAM,
+            "experts-dispatches-experts-implementation",
             f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (transformers 5)",
         )
     init = compat.find_function(cls, "__init__")
     layout = compat.empty_shape(init, "gate_up_proj") if init is not None else None
     if layout != LAYOUT:
-        return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "experts-gate-up-proj-built-layout",
+            f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)",
+        )
     if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
-        return Decision(Verdict.APPLY, f"{EXPERTS}.forward runs every expert on every token in eval, loops in training")
-    return Decision(Verdict.UNRECOGNIZED, f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
+        return Decision(
+            Verdict.APPLY,
+            "experts-forward-runs-every-expert-every",
+            f"{EXPERTS}.forward runs every expert on every token in eval, loops in training",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "experts-forward-matches-neither-transformers-4.57",
+        f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's",
+    )
 
 
 def replaced_on_npu(devices: dict[str, bool]) -> str | None:
@@ -96,27 +114,16 @@ def replaced_on_npu(devices: dict[str, bool]) -> str | None:
     return None
 
 
-# The experts classes patched in this process, each with transformers' own forward, kept before it was replaced.
-_upstream: dict[type, object] = {}
-
-
-def upstream_forward(cls: type) -> Callable:
-    """transformers' own ``Qwen3VLMoeTextExperts.forward``, even after the plugin replaced it."""
-    return _upstream.get(cls, cls.__dict__.get("forward"))
-
-
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
-    cls = getattr(module, EXPERTS)
-    _upstream.setdefault(cls, cls.__dict__["forward"])
-    cls.forward = sparse_experts_forward
+    originals.replace(getattr(module, EXPERTS), "forward", sparse_experts_forward)
 
 
 PATCH = Patch(
     name="qwen3_vl_moe_sparse_experts",
     group=MODEL,
-    targets=(Target(TARGET, decide, _apply),),
+    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=None,
     why=(
         "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "

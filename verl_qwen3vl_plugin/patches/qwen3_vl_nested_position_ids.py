@@ -23,10 +23,9 @@ Known shapes (the probe's whole knowledge):
 from __future__ import annotations
 
 import ast
-import functools
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
 DEFINED_IN = "verl.utils.tensordict_utils"
@@ -57,15 +56,22 @@ def judge_function(tree: ast.Module | None) -> Decision:
     """verl's function itself, in ``tensordict_utils``' parsed source."""
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, f"verl's tensordict_utils has no {FUNCTION}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "verls-tensordict-utils-has-no-function", f"verl's tensordict_utils has no {FUNCTION}"
+        )
     if compat.parameters(func) != ["data"]:
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({FUNCTION}(data))")
+        return Decision(Verdict.UNRECOGNIZED, "function-not-function-data", f"{FUNCTION} is not ({FUNCTION}(data))")
     if _sets_index_only(func):
         return Decision(
             Verdict.APPLY,
+            "function-only-sets-ragged-idx-2",
             f"{FUNCTION} only sets _ragged_idx = 2: equal-length samples arrive rope-packed and stay wrong",
         )
-    return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} matches no known verl release's body")
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "function-matches-no-known-verl-releases",
+        f"{FUNCTION} matches no known verl release's body",
+    )
 
 
 def decider(caller: str):
@@ -73,29 +79,37 @@ def decider(caller: str):
         if _imports_function(tree):
             return judge_function(compat.installed(DEFINED_IN).tree)
         if compat.find_class(tree, CALLERS[caller]) is not None and not compat.mentions(tree, FUNCTION):
-            return Decision(Verdict.NOT_USED, f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)")
-        return Decision(Verdict.UNRECOGNIZED, f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape")
+            return Decision(
+                Verdict.NOT_USED,
+                "callers-never-calls-function-verl-0.7.0",
+                f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)",
+            )
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "caller-neither-imports-function-nor-has",
+            f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape",
+        )
 
     return decide
 
 
-def _apply(module: ModuleType) -> None:
+def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids
 
-    original = getattr(module, FUNCTION)
-
-    @functools.wraps(original)  # __wrapped__: verl's, for the self-test
-    def fixed(data) -> None:
-        maybe_fix_3d_position_ids(data)
-
-    setattr(module, FUNCTION, fixed)
+    originals.replace(module, FUNCTION, maybe_fix_3d_position_ids)
 
 
 PATCH = Patch(
     name="qwen3_vl_nested_position_ids",
     group=MODEL,
     targets=tuple(
-        Target(caller, decider(caller), _apply, not_used_when_absent("this verl has no FSDP engine"))
+        Target(
+            module=caller,
+            decide=decider(caller),
+            apply=_apply,
+            absent=not_used_when_absent("no-fsdp-engine", "this verl has no FSDP engine"),
+            reads=(DEFINED_IN,),
+        )
         for caller in CALLERS
     ),
     devices=None,

@@ -19,19 +19,17 @@ Known shapes (the probes' whole knowledge):
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, vision_towers
+from verl_qwen3vl_plugin import compat, originals, vision_towers
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 
 METHOD = "fast_pos_embed_interpolate"
 # transformers >= 5.9 computes the interpolation with this pure function, on grid_thw's device.
 FIXED_HELPER = "get_vision_bilinear_indices_and_weights"
 VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
-
-# The classes patched in this process, each with transformers' own method, kept before it was replaced.
-_upstream: dict[type, object] = {}
 
 
 def _imports_fixed_helper(tree: ast.Module) -> bool:
@@ -61,16 +59,32 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, cls_name)
     forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
     if forward is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {cls_name}.forward in this transformers")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-cls-name-forward-transformers", f"no {cls_name}.forward in this transformers"
+        )
     if compat.calls_self(forward, METHOD):
         if method is None or compat.parameters(method) != ["self", "grid_thw"]:
-            return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
-        return Decision(Verdict.APPLY, f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device")
+            return Decision(
+                Verdict.UNRECOGNIZED,
+                "cls-name-forward-calls-method",
+                f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)",
+            )
+        return Decision(
+            Verdict.APPLY,
+            "cls-name-forward-calls-method",
+            f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device",
+        )
     if _imports_fixed_helper(tree) and _calls_fixed_helper_on_grid(forward):
         return Decision(
-            Verdict.NOT_USED, f"{cls_name}.forward calls vision_utils.{FIXED_HELPER} on grid_thw (transformers >= 5.9)"
+            Verdict.NOT_USED,
+            "cls-name-forward-calls-vision-utils",
+            f"{cls_name}.forward calls vision_utils.{FIXED_HELPER} on grid_thw (transformers >= 5.9)",
         )
-    return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER} as known")
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "cls-name-forward-calls-neither-method",
+        f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER} as known",
+    )
 
 
 def decide_monkey_patch(tree: ast.Module) -> Decision:
@@ -78,44 +92,41 @@ def decide_monkey_patch(tree: ast.Module) -> Decision:
     returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
     func = compat.find_function(tree, "apply_monkey_patch")
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, "verl's monkey_patch has no apply_monkey_patch")
+        return Decision(
+            Verdict.UNRECOGNIZED, "verls-monkey-patch-has-no-apply", "verl's monkey_patch has no apply_monkey_patch"
+        )
     if compat.assigns_attribute(func, METHOD):
         return Decision(
-            Verdict.APPLY, f"apply_monkey_patch sets verl's {METHOD} (verl >= 0.8): the plugin's is put back"
+            Verdict.APPLY,
+            "apply-monkey-patch-sets-verls-method",
+            f"apply_monkey_patch sets verl's {METHOD} (verl >= 0.8): the plugin's is put back",
         )
     return Decision(
-        Verdict.APPLY, f"apply_monkey_patch sets no {METHOD} as verl 0.8 does (verl 0.7): wrapped all the same"
+        Verdict.APPLY,
+        "apply-monkey-patch-sets-no-method",
+        f"apply_monkey_patch sets no {METHOD} as verl 0.8 does (verl 0.7): wrapped all the same",
     )
 
 
-def upstream_method(cls: type) -> Callable:
-    """transformers' own ``fast_pos_embed_interpolate`` of ``cls``, even after the plugin replaced it."""
-    return _upstream.get(cls, cls.__dict__.get(METHOD))
-
-
-def _set_ours(cls: type) -> None:
+def _apply_to_vision_class(cls: type) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
 
-    setattr(cls, METHOD, fast_pos_embed_interpolate)
+    originals.replace(cls, METHOD, fast_pos_embed_interpolate)
 
 
-def _apply_to_vision_class(module: ModuleType) -> None:
-    cls = vision_towers.tower_class(module)
-    _upstream.setdefault(cls, cls.__dict__.get(METHOD))
-    _set_ours(cls)
+def _putting_ours_back(apply_monkey_patch: Callable) -> Callable:
+    @functools.wraps(apply_monkey_patch)
+    def wrapper(*args, **kwargs):
+        result = apply_monkey_patch(*args, **kwargs)
+        for cls in originals.replaced(METHOD):  # only the classes the plugin patched: a skipped one stays so
+            _apply_to_vision_class(cls)
+        return result
+
+    return wrapper
 
 
-def _after_verl_monkey_patch(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
-    for cls in _upstream:  # only the classes the plugin patched: a skipped or disabled patch stays so
-        _set_ours(cls)
-    return result
-
-
-def _wrap_apply_monkey_patch(module: ModuleType) -> None:
-    import wrapt
-
-    wrapt.wrap_function_wrapper(module, "apply_monkey_patch", _after_verl_monkey_patch)
+def _wrap_apply_monkey_patch(module: ModuleType, decision: Decision) -> None:
+    originals.wrap(module, "apply_monkey_patch", _putting_ours_back)
 
 
 PATCH = Patch(
@@ -123,7 +134,7 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         *vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),
-        Target(VERL_MONKEY_PATCH, decide_monkey_patch, _wrap_apply_monkey_patch),
+        Target(module=VERL_MONKEY_PATCH, decide=decide_monkey_patch, apply=_wrap_apply_monkey_patch),
     ),
     devices=None,
     why=(

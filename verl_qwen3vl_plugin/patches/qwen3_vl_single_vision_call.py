@@ -22,7 +22,7 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
 TARGET, QWEN3_5_TARGET = "verl.models.transformers.qwen3_vl", "verl.models.transformers.qwen3_5"
@@ -38,9 +38,6 @@ FAMILIES = {
     ),
     QWEN3_5_TARGET: ("qwen3_5_base_forward", {"inputs_embeds", "attention_mask"}),
 }
-
-# verl's own function, kept before it was replaced in this process (the self-test compares against it).
-_upstream: dict[str, Callable] = {}
 
 
 def _tower_calls(node: ast.AST) -> int:
@@ -76,50 +73,60 @@ def decide(tree: ast.Module, module: str = TARGET) -> Decision:
     caller_name, outputs = FAMILIES[module]
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {FUNCTION} in {module}")
+        return Decision(Verdict.UNRECOGNIZED, "no-function-module", f"no {FUNCTION} in {module}")
     if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
+        return Decision(Verdict.UNRECOGNIZED, "function-not-join", f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
     caller = compat.find_function(tree, caller_name)
     if caller is None or not any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == FUNCTION for n in ast.walk(caller)
     ):
-        return Decision(Verdict.UNRECOGNIZED, f"{caller_name} does not call the module's {FUNCTION}")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "caller-name-does-not-call-modules",
+            f"{caller_name} does not call the module's {FUNCTION}",
+        )
     if not _returns_outputs(func, outputs):
-        return Decision(Verdict.UNRECOGNIZED, f"{FUNCTION} does not return the dict of {sorted(outputs)}")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "function-does-not-return-dict-sorted",
+            f"{FUNCTION} does not return the dict of {sorted(outputs)}",
+        )
     image, video = _branch(func, "pixel_values"), _branch(func, "pixel_values_videos")
     calls = tuple(_tower_calls(node) if node is not None else 0 for node in (image, video, func))
     if calls == (1, 1, 3):
         return Decision(
-            Verdict.APPLY, f"{FUNCTION} calls the tower for images and again for videos: two calls on a mixed batch"
+            Verdict.APPLY,
+            "function-calls-tower-images-again-videos",
+            f"{FUNCTION} calls the tower for images and again for videos: two calls on a mixed batch",
         )
     return Decision(
-        Verdict.UNRECOGNIZED, f"{FUNCTION} does not call model.visual as verl 0.7.0 to 0.9.1 do (image, video, dummy)"
+        Verdict.UNRECOGNIZED,
+        "function-does-not-call-model-visual",
+        f"{FUNCTION} does not call model.visual as verl 0.7.0 to 0.9.1 do (image, video, dummy)",
     )
 
 
-def upstream_function(module: ModuleType) -> Callable:
-    """verl's own ``_get_input_embeds``, even after the plugin replaced it."""
-    return _upstream.get(module.__name__, getattr(module, FUNCTION))
+def _applier(replacement: str) -> Callable[[ModuleType, Decision], None]:
+    def apply(module: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.replacements import qwen3_vl_single_vision_call as replacements
 
+        originals.replace(module, FUNCTION, getattr(replacements, replacement))
 
-def _apply(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.replacements import qwen3_vl_single_vision_call as replacement
-
-    _upstream.setdefault(module.__name__, getattr(module, FUNCTION))
-    ours = replacement.get_input_embeds if module.__name__ == TARGET else replacement.get_input_embeds_qwen3_5
-    setattr(module, FUNCTION, ours)
+    return apply
 
 
 PATCH = Patch(
     name="qwen3_vl_single_vision_call",
     group=MODEL,
     targets=(
-        Target(TARGET, decide, _apply),
+        Target(module=TARGET, decide=decide, apply=_applier("get_input_embeds")),
         Target(
-            QWEN3_5_TARGET,
-            lambda tree: decide(tree, QWEN3_5_TARGET),
-            _apply,
-            not_used_when_absent("no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)"),
+            module=QWEN3_5_TARGET,
+            decide=lambda tree: decide(tree, QWEN3_5_TARGET),
+            apply=_applier("get_input_embeds_qwen3_5"),
+            absent=not_used_when_absent(
+                "no-verl-qwen3.5", "no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)"
+            ),
         ),
     ),
     devices=None,

@@ -15,9 +15,8 @@ The wrapper does nothing until verl sets a Ulysses group of more than one rank.
 from __future__ import annotations
 
 import ast
-from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, vision_towers
+from verl_qwen3vl_plugin import compat, originals, vision_towers
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Verdict
 
 SIGNATURE = ["self", "hidden_states", "grid_thw"]
@@ -42,45 +41,62 @@ def decide_verl(tree: ast.Module | None, family: str = "Qwen3-VL") -> Decision:
     """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
     func = compat.find_function(tree, "apply_monkey_patch") if tree is not None else None
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no apply_monkey_patch in {VERL_MONKEY_PATCH}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-apply-monkey-patch-verl-monkey", f"no apply_monkey_patch in {VERL_MONKEY_PATCH}"
+        )
     prefix = "Qwen3_5" if family == "Qwen3.5" else "Qwen3VL"
     slices = any(
         isinstance(node, ast.Call) and compat.calls(node, VERL_SLICER) and compat.mentions(node, prefix)
         for node in ast.walk(func)
     )
     if slices:
-        return Decision(Verdict.APPLY, f"verl slices {family} inputs after the vision tower ({VERL_SLICER})")
-    return Decision(Verdict.UNRECOGNIZED, f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family}")
+        return Decision(
+            Verdict.APPLY,
+            "verl-slices-family-inputs-after-vision",
+            f"verl slices {family} inputs after the vision tower ({VERL_SLICER})",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "verls-apply-monkey-patch-does-not",
+        f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family}",
+    )
 
 
 def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
     if forward is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no {cls_name}.forward in this transformers")
+        return Decision(
+            Verdict.UNRECOGNIZED, "no-cls-name-forward-transformers", f"no {cls_name}.forward in this transformers"
+        )
     if compat.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
-        return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "cls-name-forward-not-self-hidden",
+            f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)",
+        )
     qwen3_5 = vision_towers.is_qwen3_5(cls_name)
     if not _returns_known_output(forward, qwen3_5):
         known = POOLING_OUTPUT if qwen3_5 else f"a pair or {DEEPSTACK_OUTPUT}"
-        return Decision(Verdict.UNRECOGNIZED, f"{cls_name}.forward does not return {known}")
+        return Decision(
+            Verdict.UNRECOGNIZED, "cls-name-forward-does-not-return", f"{cls_name}.forward does not return {known}"
+        )
     verl = decide_verl(compat.tree(VERL_MONKEY_PATCH), "Qwen3.5" if qwen3_5 else "Qwen3-VL")
     if verl.verdict is not Verdict.APPLY:
         return verl
     reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
-    return Decision(Verdict.APPLY, reason)
+    return Decision(Verdict.APPLY, f"tower-on-every-rank/{verl.shape}", reason)
 
 
-def _apply_to_vision_class(module: ModuleType) -> None:
+def _apply_to_vision_class(cls: type) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import vision_dp_forward
 
-    cls = vision_towers.tower_class(module)
-    cls.forward = vision_dp_forward(cls.__dict__["forward"])
+    originals.wrap(cls, "forward", vision_dp_forward)
 
 
 PATCH = Patch(
     name="qwen3_vl_vision_dp",
     group=MODEL,
-    targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),
+    targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class, reads=(VERL_MONKEY_PATCH,)),
     devices=None,
     why=(
         "With Ulysses sequence parallelism verl slices a VLM's sequence only at the language model, after the "

@@ -29,7 +29,7 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat
+from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
 UTILS = "verl.workers.rollout.vllm_rollout.utils"
@@ -50,15 +50,33 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
             marker = OTHERWISE[module]
             known = compat.find_function(tree, marker) or compat.find_class(tree, marker)
             if known is None or compat.mentions(tree, "compute_logits"):
-                return Decision(Verdict.UNRECOGNIZED, f"no {name}, and not the module verl 0.7 to 0.9.1 ship")
+                return Decision(
+                    Verdict.UNRECOGNIZED, "no-name", f"no {name}, and not the module verl 0.7 to 0.9.1 ship"
+                )
             other = UTILS if module == ROLLOUT else ROLLOUT
-            return Decision(Verdict.NOT_USED, f"no {name} here: this verl patches vLLM's logits in {other}")
+            return Decision(
+                Verdict.NOT_USED,
+                "no-name-here-verl-patches-vllms",
+                f"no {name} here: this verl patches vLLM's logits in {other}",
+            )
         parameters = compat.parameters(func)
         if "banned_token_ids" in parameters:
-            return Decision(Verdict.FIXED_UPSTREAM, f"{name} bans the processor's placeholder ids (banned_token_ids)")
+            return Decision(
+                Verdict.FIXED_UPSTREAM,
+                "name-bans-processors-placeholder-ids-banned",
+                f"{name} bans the processor's placeholder ids (banned_token_ids)",
+            )
         if parameters == ["model", "vocab_size"] and compat.assigns_attribute(func, "compute_logits"):
-            return Decision(Verdict.APPLY, f"{name}(model, vocab_size) leaves the vision placeholders sampleable")
-        return Decision(Verdict.UNRECOGNIZED, f"{name} is neither (model, vocab_size) nor takes banned_token_ids")
+            return Decision(
+                Verdict.APPLY,
+                "name-model-vocab-size-leaves-vision",
+                f"{name}(model, vocab_size) leaves the vision placeholders sampleable",
+            )
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "name-neither-model-vocab-size-nor",
+            f"{name} is neither (model, vocab_size) nor takes banned_token_ids",
+        )
 
     return decide
 
@@ -74,32 +92,51 @@ def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
 def decide_positions(tree: ast.Module) -> Decision:
     owner = _positions_owner(tree)
     if owner is None:
-        return Decision(Verdict.UNRECOGNIZED, f"no agent-loop class whose {POSITIONS} calls get_rope_index")
-    return Decision(Verdict.APPLY, f"{owner.name}.{POSITIONS} pairs a sampled placeholder: refused by name first")
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "no-agent-loop-class-whose-positions",
+            f"no agent-loop class whose {POSITIONS} calls get_rope_index",
+        )
+    return Decision(
+        Verdict.APPLY,
+        "name-positions-pairs-sampled-placeholder-refused",
+        f"{owner.name}.{POSITIONS} pairs a sampled placeholder: refused by name first",
+    )
 
 
-def _apply_logits(module: ModuleType) -> None:
-    from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import ban_placeholders
+def _logits_target(module: str, absent: str) -> Target:
+    def apply(imported: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import ban_placeholders
 
-    name = LOGITS[module.__name__]
-    setattr(module, name, ban_placeholders(getattr(module, name)))
+        originals.wrap(imported, LOGITS[module], ban_placeholders)
+
+    return Target(
+        module=module,
+        decide=decider(module),
+        apply=apply,
+        absent=not_used_when_absent(f"no-{module.rsplit('.', 1)[1]}", absent),
+    )
 
 
-def _apply_positions(module: ModuleType) -> None:
+def _apply_positions(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import refuse_strays_in_positions
 
     owner = _positions_owner(compat.tree(AGENT_LOOP))
-    cls = getattr(module, owner.name)
-    setattr(cls, POSITIONS, refuse_strays_in_positions(cls.__dict__[POSITIONS]))
+    originals.wrap(getattr(module, owner.name), POSITIONS, refuse_strays_in_positions)
 
 
 PATCH = Patch(
     name="vision_placeholder_ban",
     group=MODEL,
     targets=(
-        Target(UTILS, decider(UTILS), _apply_logits, not_used_when_absent("this verl has no vLLM worker extension")),
-        Target(ROLLOUT, decider(ROLLOUT), _apply_logits, not_used_when_absent("this verl has no vllm_rollout")),
-        Target(AGENT_LOOP, decide_positions, _apply_positions, not_used_when_absent("this verl has no agent loop")),
+        _logits_target(UTILS, "this verl has no vLLM worker extension"),
+        _logits_target(ROLLOUT, "this verl has no vllm_rollout"),
+        Target(
+            module=AGENT_LOOP,
+            decide=decide_positions,
+            apply=_apply_positions,
+            absent=not_used_when_absent("no-agent-loop", "this verl has no agent loop"),
+        ),
     ),
     devices=None,
     why=(

@@ -5,8 +5,9 @@ dense (tokens, num_experts) matrix only when ``not self.training``, while the ex
 ``routing_weights[token, router_indices]`` from that dense matrix. In training the experts are weighted by the
 top-k columns misread as expert ids: reward stays flat and ppo_kl is orders of magnitude too low on Ascend (on the
 CPU it is an IndexError when num_experts > top_k, or silently wrong numbers when they are equal).
-How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered. The top-k
-goes through routing replay's choice, which is ``torch.topk`` unless replay is on for the block.
+How: the same routing (softmax in fp32, top-k, renormalise, cast to the logits' dtype), always scattered: the routing
+core in ``moe_routing``, which routing replay shares. The top-k goes through routing replay's choice, which is
+``torch.topk`` unless replay is on for the block.
 When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_routing`` spec.
 """
 
@@ -15,25 +16,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verl_qwen3vl_plugin.replacements import moe_routing
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
-
-
-def dense_routing(block: nn.Module, tokens: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
-    """A self-routing sparse block's routing of ``tokens``: (router logits, the dense (tokens, experts) matrix of
-    renormalised top-k weights in ``dtype`` (None: the logits'), the top-k ids); the top-k through routing replay's
-    choice."""
-    router_logits = block.gate(tokens)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-    top_weights, router_indices = routes.top_k(block, probs, block.top_k)
-    top_weights = (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(dtype or router_logits.dtype)
-    return router_logits, torch.zeros_like(router_logits).scatter_(1, router_indices, top_weights), router_indices
 
 
 @routes.mark
 def sparse_moe_block_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """``NPUQwen3VLMoeTextSparseMoeBlock.forward`` with the dense routing matrix built in every mode: both expert
     paths read it (eval multiplies it in, training gathers [token, router_indices])."""
-    batch_size = hidden_states.shape[0]
-    tokens = hidden_states.reshape(-1, self.hidden_size)
-    _, routing_weights, router_indices = dense_routing(self, tokens)
-    return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), routing_weights, router_indices)
+    return moe_routing.dense_block_forward(self, hidden_states)

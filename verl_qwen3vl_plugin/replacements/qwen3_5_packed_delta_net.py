@@ -87,7 +87,6 @@ def boundary_decoder_forward(upstream: Callable) -> Callable:
         finally:
             _BOUNDARIES.reset(token)
 
-    forward.plugin_upstream = upstream
     return forward
 
 
@@ -122,7 +121,6 @@ def packed_forward(upstream: Callable) -> Callable:
             )
         return packed_delta_net(self, hidden_states, cu_seqlens, cu_seqlens_cpu)
 
-    forward.plugin_upstream = upstream  # what the self-test runs as the patch-off reference
     return forward
 
 

@@ -30,9 +30,11 @@ def layer_classes() -> list[type]:
 @contextmanager
 def upstream_layers():
     """The layers' forwards as they were before the plugin wrapped them (verl's or transformers'): the patch off."""
+    from verl_qwen3vl_plugin import originals
+
     saved = {cls: cls.forward for cls in layer_classes()}
-    for cls, forward in saved.items():
-        cls.forward = getattr(forward, "plugin_upstream", forward)
+    for cls in saved:
+        cls.forward = originals.original(cls, "forward") or cls.forward
     try:
         yield
     finally:

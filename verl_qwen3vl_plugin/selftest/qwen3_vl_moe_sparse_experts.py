@@ -75,7 +75,8 @@ def tiny_experts(**text: int) -> tuple[torch.nn.Module, object]:
 def run() -> list[Check]:
     from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe
 
-    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH, upstream_forward
+    from verl_qwen3vl_plugin import originals
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH
     from verl_qwen3vl_plugin.registry import Verdict
     from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
@@ -83,7 +84,7 @@ def run() -> list[Check]:
     checks = [Check("moe experts decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")]
     if verdict is not Verdict.APPLY:
         return checks
-    upstream = upstream_forward(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts)
+    upstream = originals.original(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts, "forward")
     experts, config = tiny_experts()
     inputs = routed_inputs(config)
     train = experts_run(experts, sparse_experts_forward, inputs, training=True)

@@ -26,8 +26,9 @@ UPSTREAM = {
 def references(family: str = "qwen3_vl") -> dict[str, Callable]:
     """The family's upstream interpolations installed here: transformers' own method where its vision forward calls
     it, and verl's copy."""
+    from verl_qwen3vl_plugin import originals
     from verl_qwen3vl_plugin.compat import tree
-    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import decide_vision_class, upstream_method
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import METHOD, decide_vision_class
     from verl_qwen3vl_plugin.registry import Verdict
     from verl_qwen3vl_plugin.vision_towers import VISION_CLASSES
 
@@ -35,7 +36,7 @@ def references(family: str = "qwen3_vl") -> dict[str, Callable]:
     vision_class = VISION_CLASSES[modeling]
     found = {}
     if decide_vision_class(vision_class, tree(modeling)).verdict is Verdict.APPLY:
-        found["transformers"] = upstream_method(getattr(importlib.import_module(modeling), vision_class))
+        found["transformers"] = originals.original(getattr(importlib.import_module(modeling), vision_class), METHOD)
     try:
         found["verl"] = importlib.import_module(verl_module).fast_pos_embed_interpolate
     except (ImportError, AttributeError):  # verl < 0.8: no device-safe copy, and no Qwen3.5

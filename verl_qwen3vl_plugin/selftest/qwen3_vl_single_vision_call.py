@@ -102,11 +102,12 @@ def family_functions(family: str) -> tuple[Callable, Callable, Callable[[], torc
     """(verl's ``_get_input_embeds``, the plugin's, a seeded tiny model) of ``family``: qwen3_vl or qwen3_5."""
     import importlib
 
-    from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import upstream_function
+    from verl_qwen3vl_plugin import originals
+    from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import FUNCTION
     from verl_qwen3vl_plugin.replacements import qwen3_vl_single_vision_call as replacement
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_5, tiny_qwen3_vl
 
-    verl = upstream_function(importlib.import_module(f"verl.models.transformers.{family}"))
+    verl = originals.original(importlib.import_module(f"verl.models.transformers.{family}"), FUNCTION)
     if family == "qwen3_5":
         return verl, replacement.get_input_embeds_qwen3_5, lambda: randomize(tiny_qwen3_5(), seed=0)
     return verl, replacement.get_input_embeds, lambda: randomize(tiny_qwen3_vl(), seed=0)

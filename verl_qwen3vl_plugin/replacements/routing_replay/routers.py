@@ -7,9 +7,10 @@ choosing the experts:
   matrix its experts read, and the router logits, returned as upstream returns them;
 - transformers 5's ``Qwen3VLMoeTextTopKRouter`` and ``Qwen3_5MoeTopKRouter`` (one shape): (logits, top-k weights,
   top-k ids), or (probabilities, ...) where upstream returns those;
-- verl's Ascend ``NPUQwen3VLMoeTextSparseMoeBlock``: the plugin's routing fix (``npu_qwen3_vl_moe_routing``), whose
-  top-k already goes through ``routes.top_k``; in training and eval alike, so replay never runs verl 0.7.1's
-  mis-weighted training routing. verl 0.7.0's experts read top-k weights in training: they get those.
+- verl's Ascend ``NPUQwen3VLMoeTextSparseMoeBlock``: the routing core it shares with the plugin's routing fix
+  (``moe_routing``, ``npu_qwen3_vl_moe_routing``), whose top-k already goes through ``routes.top_k``; in training and
+  eval alike, so replay never runs verl 0.7.1's mis-weighted training routing. verl 0.7.0's experts read top-k
+  weights in training: they get those.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl_qwen3vl_plugin.replacements.moe_routing import dense_block_forward, dense_routing
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
 
 
@@ -39,8 +41,6 @@ def _replay_aware(cls: type, replay: Callable) -> None:
 
 def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers 4.57's sparse block under replay: (experts' output, router logits)."""
-    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import dense_routing
-
     batch_size = hidden_states.shape[0]
     tokens = hidden_states.reshape(-1, self.hidden_size)
     router_logits, router_weights, router_indices = dense_routing(self, tokens, tokens.dtype)
@@ -72,17 +72,9 @@ def patch_top_k_router(cls: type, returns_probabilities: bool) -> None:
 def npu_top_k_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """verl 0.7.0's Ascend block under replay: its experts read the top-k weights in training, the dense matrix in
     eval, as its own forward hands them."""
-    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import dense_routing
-
-    batch_size = hidden_states.shape[0]
-    tokens = hidden_states.reshape(-1, self.hidden_size)
-    _, dense, router_indices = dense_routing(self, tokens)
-    weights = dense.gather(1, router_indices) if self.training else dense
-    return self.experts(tokens.reshape(batch_size, -1, self.hidden_size), weights, router_indices)
+    return dense_block_forward(self, hidden_states, top_k_weights=self.training)
 
 
 def patch_npu_block(module, top_k_in_training: bool) -> None:
-    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_routing import sparse_moe_block_forward
-
-    replay = npu_top_k_block_replay if top_k_in_training else sparse_moe_block_forward
+    replay = npu_top_k_block_replay if top_k_in_training else dense_block_forward
     _replay_aware(module.NPUQwen3VLMoeTextSparseMoeBlock, replay)

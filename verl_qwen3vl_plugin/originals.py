@@ -1,0 +1,32 @@
+"""Upstream's functions as they were before the plugin replaced them: every patch installs through ``replace`` or
+``wrap``, so the self-test, the tests and the re-application after verl's ``apply_monkey_patch`` all find
+upstream's code in one place, and a second install never wraps a wrapper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+_kept: dict[tuple[object, str], object] = {}
+
+
+def original(owner: object, attr: str) -> object:
+    """``owner.attr`` as upstream defined it, even after the plugin replaced it (None where ``owner`` has none of
+    its own)."""
+    return _kept.get((owner, attr), vars(owner).get(attr))
+
+
+def replace(owner: object, attr: str, new: object) -> None:
+    """Set ``owner.attr = new``, keeping upstream's ``owner.attr`` the first time."""
+    _kept.setdefault((owner, attr), vars(owner).get(attr))
+    setattr(owner, attr, new)
+
+
+def wrap(owner: object, attr: str, wrapper: Callable[[Callable], Callable]) -> None:
+    """Set ``owner.attr = wrapper(upstream's owner.attr)``: built on upstream's function, however often it runs."""
+    replace(owner, attr, wrapper(original(owner, attr)))
+
+
+def replaced(attr: str) -> list[object]:
+    """The owners whose ``attr`` the plugin replaced in this process."""
+    return [owner for owner, name in _kept if name == attr]
