@@ -8,7 +8,7 @@ import pytest
 from packaging.version import Version
 
 from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, VERL, child_json, last_json, run_args, run_child
-from verl_qwen3vl_plugin.patches import NAMES, PATCHES
+from verl_qwen3vl_plugin.patches import NAMES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
 HOOKS = sorted(HOOK_MODULES.values())
@@ -79,17 +79,20 @@ def test_start_up_imports_nothing_before_verl():
     assert not heavy
 
 
-def test_broken_dependency_never_breaks_import_verl():
-    """A hook that cannot load (here: wrapt missing) leaves verl importable, warns, and records the failure."""
-    proc = run_child("broken_dependency.py")
-    statuses = {(p, s) for p, _, s, reason in last_json(proc) if "wrapt" in reason}
-    assert statuses == {(patch.name, "failed") for patch in PATCHES}
+def test_broken_plugin_module_never_breaks_import_verl():
+    """A plugin module that cannot load (here: its probes) leaves verl and the target importable, warns, and records
+    the failure on every target imported; the others wait."""
+    proc = run_child("broken_dependency.py", env=ENV_LINE)  # the start-up hook needs the probes too
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    vision = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+    statuses = {(p, t): s for p, t, s, _ in last_json(proc)}
+    assert {(p, t) for (p, t), s in statuses.items() if s == "failed"} == {
+        ("qwen3_vl_pos_embed", vision),
+        ("qwen3_vl_vision_dp", vision),
+    }
+    assert statuses["npu_qwen3_vl_moe_routing", "verl.models.transformers.npu_patch"] == "pending"
     # verl leaves logging at WARNING: the lines reaching stderr show the failures are logged at WARNING.
-    assert (
-        "verl-qwen3vl-plugin: qwen3_vl_pos_embed on transformers.models.qwen3_vl.modeling_qwen3_vl failed"
-        in proc.stderr
-    )
-    assert "verl-qwen3vl-plugin: npu_qwen3_vl_moe_routing on verl.models.transformers.npu_patch failed" in proc.stderr
+    assert f"verl-qwen3vl-plugin: qwen3_vl_pos_embed on {vision} failed (ModuleNotFoundError" in proc.stderr
 
 
 @pytest.mark.skipif(DISCOVERS_PLUGINS, reason="the start-up hook leaves verl >= 0.9 to its discovery")
@@ -98,11 +101,6 @@ def test_broken_start_up_hand_over_never_breaks_import_verl():
     result = last_json(proc)
     assert result["verl"] == str(VERL) and result["startup_hook"].startswith("failed: ModuleNotFoundError")
     assert "verl-qwen3vl-plugin: start-up hook failed: ModuleNotFoundError" in proc.stderr
-
-
-def test_python_without_site_runs_no_start_up_hook():
-    proc = run_args(["-S", "-c", "import sys; print('verl_qwen3vl_plugin_autoload' in sys.modules)"])
-    assert proc.stdout.strip() == "False"
 
 
 def test_unknown_disable_name_warns_with_valid_names():

@@ -8,6 +8,8 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -154,3 +156,29 @@ def test_a_stack_without_qwen3_5_reads_not_used_for_its_targets(patch: Patch, ta
     verdict, reason = decision.verdict, decision.reason
     assert "Qwen3.5" not in reason
     assert verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), reason
+
+
+def test_target_index_is_generated_from_the_specs():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "generate.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=NAMES)
+def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: Patch):
+    real, read = compat.installed, set()
+
+    def installed(name: str) -> compat.Source:
+        read.add(name)
+        return real(name)
+
+    monkeypatch.setattr(compat, "installed", installed)
+    for target in patch.targets:
+        read.clear()
+        source = real(target.module)
+        if source.tree is not None:
+            target.decide(source.tree)
+        elif target.absent is not None:
+            target.absent()
+        assert read <= {target.module, *target.reads}, f"{target.label} reads {sorted(read - {target.module})}"

@@ -19,15 +19,10 @@ import sys
 
 import torch
 import torch.distributed as dist
+from seeded_pass import full, seeded_pass  # this folder's sibling script
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import (
-    build_model,
-    install_cpu_stand_ins,
-    log_prob_forward,
-    micro_batch,
-    shard,
-)
+from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch, shard
 
 # Per case, each rank's micro-batch: per sample its images as (t, h, w), videos as ("v", t, h, w).
 CASES = {
@@ -37,24 +32,16 @@ CASES = {
 }
 
 
-def full(tensor):
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def one_pass(model, batch):
     """verl's forward and a seeded loss's backward: (log-probs, gradients, model.visual calls)."""
     calls = []
     hook = model.model.visual.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
-    model.zero_grad(set_to_none=True)
     try:
-        log_probs, entropy = log_prob_forward(model, batch, sp=1)
+        log_probs, _ = seeded_pass(model, batch, sp=1)
     finally:
         hook.remove()
-    generator = torch.Generator().manual_seed(5)
-    loss = (log_probs * torch.randn(log_probs.shape, generator=generator)).sum()
-    (loss + (entropy * torch.randn(entropy.shape, generator=generator)).sum()).backward()
     grads = [full(p.grad) if p.grad is not None else torch.zeros(p.shape) for p in model.parameters()]
-    return log_probs.detach(), grads, calls
+    return log_probs, grads, calls
 
 
 def run_rank(rank, kind, cases, mode):

@@ -18,13 +18,13 @@ import sys
 
 import torch
 import torch.distributed as dist
+from seeded_pass import full, seeded_pass  # this folder's sibling script
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 from verl_qwen3vl_plugin.selftest.ulysses import (
     boundary_inside_image,
     build_model,
     install_cpu_stand_ins,
-    log_prob_forward,
     micro_batch,
     shard,
 )
@@ -39,18 +39,10 @@ CASES = {
 }
 
 
-def full(tensor):
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def run_pass(model, batch, sp, counts):
     """verl's forward at ``sp``, then the loss's backward: (log-probs, entropies, grads averaged as FSDP does, rows)."""
-    model.zero_grad(set_to_none=True)
     counts.clear()
-    log_probs, entropy = log_prob_forward(model, batch, sp)
-    generator = torch.Generator().manual_seed(5)
-    loss = (log_probs * torch.randn(log_probs.shape, generator=generator)).sum()
-    (loss + (entropy * torch.randn(entropy.shape, generator=generator)).sum()).backward()
+    log_probs, entropy = seeded_pass(model, batch, sp)
     grads = {}
     for name, p in model.named_parameters():
         grad = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
@@ -59,7 +51,7 @@ def run_pass(model, batch, sp, counts):
             dist.all_reduce(grad)
             grad /= dist.get_world_size()
         grads[name] = grad
-    return log_probs.detach(), entropy.detach(), grads, list(counts)
+    return log_probs, entropy, grads, list(counts)
 
 
 def run_rank(rank, kind, cases, fsdp, shuffled):

@@ -1,13 +1,15 @@
 """The plugin's ``fast_pos_embed_interpolate`` against upstream implementations measured in the same process.
 
-Parametrized over implementations ("plugin", and verl's in-tree function where this verl has one) so the same test
-can move into verl's tree unchanged.
+Only the plugin's function is under test: upstream's (transformers' method, verl's device-safe copy) serve as the
+references it must match, never compared with each other.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from verl_qwen3vl_plugin.replacements import qwen3_vl_pos_embed as qwen3_vl
 from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
@@ -16,9 +18,6 @@ from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
 # The references: transformers' own method where its vision forward still calls it (4.57 to 5.8), and verl's fix.
 REFERENCES = references()
-IMPLEMENTATIONS = {"plugin": fast_pos_embed_interpolate}
-if "verl" in REFERENCES:
-    IMPLEMENTATIONS["verl"] = REFERENCES["verl"]
 
 # Qwen3.5's (transformers >= 5.2, verl >= 0.8): on a Qwen3.5 tower, the plugin's function against each.
 QWEN3_5_REFERENCES = references("qwen3_5")
@@ -32,37 +31,23 @@ GRIDS = {
 }
 
 
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    return IMPLEMENTATIONS[request.param]
-
-
-@pytest.fixture
-def others(impl) -> dict:
-    """The references to check ``impl`` against: every one but itself (none left: nothing to test)."""
-    found = {name: reference for name, reference in REFERENCES.items() if reference is not impl}
-    if not found:
-        pytest.skip("no upstream reference here other than the implementation itself")
-    return found
-
-
 @pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")
+@pytest.mark.parametrize("reference", list(REFERENCES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("grid", list(GRIDS))
-def test_forward_bit_identical_to_upstream(impl, others, grid, dtype):
-    out = impl(vision_tower(dtype=dtype), torch.tensor(GRIDS[grid]))
+def test_forward_bit_identical_to_upstream(reference, grid, dtype):
+    out = fast_pos_embed_interpolate(vision_tower(dtype=dtype), torch.tensor(GRIDS[grid]))
     assert out.shape == (int(torch.tensor(GRIDS[grid]).prod(-1).sum()), 32)
-    for name, reference in others.items():
-        check = forward_check(impl, reference, name, GRIDS[grid], dtype)
-        assert check.ok, check
+    check = forward_check(fast_pos_embed_interpolate, REFERENCES[reference], reference, GRIDS[grid], dtype)
+    assert check.ok, check
 
 
 @pytest.mark.skipif(not REFERENCES, reason="no upstream reference on this stack")
+@pytest.mark.parametrize("reference", list(REFERENCES))
 @pytest.mark.parametrize("grid", ["images_and_videos", "long_thin"])
-def test_fp32_gradient_matches_upstream(impl, others, grid):
-    for name, reference in others.items():
-        check = gradient_check(impl, reference, name, GRIDS[grid])
-        assert check.ok, check
+def test_fp32_gradient_matches_upstream(reference, grid):
+    check = gradient_check(fast_pos_embed_interpolate, REFERENCES[reference], reference, GRIDS[grid])
+    assert check.ok, check
 
 
 @pytest.mark.skipif(not QWEN3_5_REFERENCES, reason="no Qwen3.5 here (transformers < 5.2)")
@@ -136,9 +121,41 @@ def test_float_grid_is_rejected():
         fast_pos_embed_interpolate(vision_tower(), torch.tensor([[1.0, 4.0, 4.0]]))
 
 
-def test_result_follows_grid_device_and_gradient_reaches_the_table():
+class _OffloadedTable(nn.Module):
+    """``pos_embed`` as FSDP2 with CPU offload presents it: the parameter on one device, the table gathered onto the
+    ids' device only inside forward. The parameter sits on ``meta`` here, so on a CPU-only machine the grid (CPU)
+    and the weight are still on different devices, and anything built on the weight's device ends up on ``meta``."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.num_embeddings = weight.shape[0]
+        self.weight = nn.Parameter(torch.empty_like(weight, device="meta"))
+        self.gathered = weight.detach().clone().requires_grad_()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.gathered.to(ids.device))
+
+
+def offloaded_tower() -> nn.Module:
     tower = vision_tower()
-    out = fast_pos_embed_interpolate(tower, torch.tensor([[1, 4, 4]], device="cpu"))
-    assert out.device == torch.device("cpu")
+    tower.pos_embed = _OffloadedTable(tower.pos_embed.weight)
+    return tower
+
+
+def test_result_follows_grid_device_not_the_weights_and_gradient_reaches_the_gathered_table():
+    """The CPU-offload mismatch, with ``meta`` standing in for the host and the CPU for the accelerator."""
+    grid_thw = torch.tensor(GRIDS["images_and_videos"])
+    tower = offloaded_tower()
+    out = fast_pos_embed_interpolate(tower, grid_thw)
+    assert out.device == grid_thw.device
+    assert torch.equal(out, fast_pos_embed_interpolate(vision_tower(), grid_thw))
     out.sum().backward()
-    assert tower.pos_embed.weight.grad is not None and tower.pos_embed.weight.grad.abs().sum() > 0
+    assert tower.pos_embed.gathered.grad is not None and tower.pos_embed.gathered.grad.abs().sum() > 0
+
+
+@pytest.mark.skipif("transformers" not in REFERENCES, reason="transformers' vision forward no longer calls its method")
+def test_offloaded_table_catches_upstreams_device_mix_up():
+    """The stand-in can fail: transformers' method builds its ids on the weight's device, and its result lands
+    there instead of on the grid's."""
+    out = REFERENCES["transformers"](offloaded_tower(), torch.tensor([[1, 4, 4]]))
+    assert out.device == torch.device("meta")

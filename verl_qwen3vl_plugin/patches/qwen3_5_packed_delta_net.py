@@ -205,7 +205,7 @@ PATCH = Patch(
             decide=decide_verl,
             apply=_apply_verl,
             absent=not_used_when_absent("no-verl-qwen3.5", NO_VERL_QWEN3_5),
-            reads=(MONKEY_PATCH,),
+            reads=(MONKEY_PATCH, next(iter(FAMILIES))),
         ),
         *(_transformers_target(module) for module in FAMILIES),
     ),

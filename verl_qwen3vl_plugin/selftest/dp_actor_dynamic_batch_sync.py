@@ -46,7 +46,8 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 
     target = PATCH.targets[0]
-    verdict, reason = installed_decision(PATCH, target)
+    decision = installed_decision(PATCH, target)
+    verdict, reason = decision.verdict, decision.reason
     if verdict is not Verdict.APPLY:
         return [
             Check("dynamic batch counts on 2 ranks", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")

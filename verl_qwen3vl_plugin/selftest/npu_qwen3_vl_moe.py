@@ -75,7 +75,8 @@ def checks_here() -> list[Check]:
 
     verdicts, checks = {}, []
     for patch in (p for p in PATCHES if p.selftest == __spec__.name):  # the patches whose checks live here
-        verdict, reason = installed_decision(patch, patch.targets[0])
+        decision = installed_decision(patch, patch.targets[0])
+        verdict, reason = decision.verdict, decision.reason
         verdicts[patch.name] = verdict
         checks.append(
             Check(f"{patch.name} decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")

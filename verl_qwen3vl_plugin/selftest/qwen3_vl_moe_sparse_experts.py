@@ -80,7 +80,9 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.registry import Verdict
     from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
-    verdict, reason = installed_decision(PATCH, PATCH.targets[0])
+    decision = installed_decision(PATCH, PATCH.targets[0])
+
+    verdict, reason = decision.verdict, decision.reason
     checks = [Check("moe experts decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")]
     if verdict is not Verdict.APPLY:
         return checks
