@@ -128,12 +128,12 @@ def decide_balancing() -> Decision:
     if GUARD in texts:
         return Decision(
             Verdict.APPLY,
-            "splitter-syncs-micro-batch-count-only",
+            "verl0.7.1-syncs-only-with-dp-group",
             f"{SPLITTER} syncs the micro-batch count only when given a dp_group",
         )
     return Decision(
         Verdict.FIXED_UPSTREAM,
-        "splitter-syncs-count-over-default-group",
+        "verl0.7.0-syncs-over-default-group",
         f"{SPLITTER} syncs the count over the default group without a dp_group (0.7.0)",
     )
 
@@ -178,19 +178,17 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     if balancing.verdict is Verdict.UNRECOGNIZED:
         return balancing
     if all(_passes_group(c, 2) for c in calls):
-        return Decision(
-            Verdict.FIXED_UPSTREAM, "cls-name-passes-dp-group-function", f"{cls_name} passes its dp_group to {FUNCTION}"
-        )
+        return Decision(Verdict.FIXED_UPSTREAM, "passes-dp-group", f"{cls_name} passes its dp_group to {FUNCTION}")
     if any(_passes_group(c, 2) for c in calls):
         return Decision(
             Verdict.UNRECOGNIZED,
-            "cls-name-passes-dp-group-function",
+            "passes-dp-group",
             f"{cls_name} passes dp_group to {FUNCTION} in some calls only",
         )
     if balancing.verdict is Verdict.APPLY:
         return Decision(
             Verdict.APPLY,
-            "cls-name-join-pass-no-dp",
+            "verl0.7.1-passes-no-dp-group",
             f"{cls_name}.{'/'.join(methods)} pass no dp_group and {balancing.reason}",
         )
     return balancing
@@ -220,7 +218,7 @@ def decide_engine() -> Decision:
     ):
         return Decision(
             Verdict.NOT_USED,
-            "no-legacy-fsdp-actor-critic-every",
+            "verl0.8-engine-passes-dp-group",
             "no legacy FSDP actor/critic; every split of the FSDP engine gets its DP group (verl#5591)",
         )
     return Decision(

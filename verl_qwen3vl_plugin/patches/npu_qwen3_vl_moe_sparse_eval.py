@@ -60,15 +60,13 @@ def decide(tree: ast.Module) -> Decision:
         )
     branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and compat.mentions(n.test, "training")]
     if not branches and _grouped(forward):
-        return Decision(
-            Verdict.FIXED_UPSTREAM, "experts-forward-grouped-every-mode", f"{EXPERTS}.forward is grouped in every mode"
-        )
+        return Decision(Verdict.FIXED_UPSTREAM, "grouped-in-every-mode", f"{EXPERTS}.forward is grouped in every mode")
     if len(branches) == 1 and ast.unparse(branches[0].test) == "self.training":
         training, other = ast.Module(branches[0].body, []), ast.Module(branches[0].orelse, [])
         if _grouped(training) and compat.calls(other, "bmm") and compat.calls(other, "repeat"):
             return Decision(
                 Verdict.APPLY,
-                "experts-forward-runs-every-expert-every",
+                "dense-eval",
                 f"{EXPERTS}.forward runs every expert on every token when not training",
             )
     return Decision(

@@ -138,7 +138,7 @@ def npu_experts_layout() -> Decision | None:
     if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
         return Decision(
             Verdict.FIXED_UPSTREAM,
-            "experts-stores-transformers-5s-e-2i",
+            "npu-experts-tf5-layout",
             f"{EXPERTS} stores transformers 5's (E, 2I, H) layout",
         )
     return Decision(
@@ -155,7 +155,7 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
     if _stream_shape(method) == "stored":
         return Decision(
             Verdict.NOT_USED,
-            "get-per-tensor-param-sends-packed",
+            "verl0.8-sends-as-stored",
             "get_per_tensor_param sends packed experts as they are stored (verl 0.7/0.8)",
         )
     return Decision(
@@ -184,7 +184,7 @@ def decide_utils(tree: ast.Module) -> Decision:
         )
     return npu_experts_layout() or Decision(
         Verdict.APPLY,
-        "function-assumes-e-2i-h-verls",
+        "verl0.9-splits-tf5-layout",
         f"{FUNCTION} assumes (E, 2I, H); verl's {EXPERTS} is (E, H, 2I): split by its own layout",
     )
 
@@ -217,9 +217,7 @@ def decide_shard_export(tree: ast.Module) -> Decision:
         )
     exports = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in SHARD_EXPORTS}
     if not exports:
-        return Decision(
-            Verdict.NOT_USED, "engine-has-no-shard-export-verl", f"{ENGINE} has no shard export (verl 0.7/0.8)"
-        )
+        return Decision(Verdict.NOT_USED, "verl0.8-no-shard-export", f"{ENGINE} has no shard export (verl 0.7/0.8)")
     layout = npu_experts_layout()
     if layout is not None:
         return layout

@@ -68,7 +68,7 @@ def decide_verl(tree: ast.Module) -> Decision:
         if compat.find_function(tree, "qwen3_5_base_forward") is not None:
             return Decision(
                 Verdict.NOT_USED,
-                "verl-0.8-has-no-delta-net",
+                "verl0.8-no-delta-net-forward",
                 "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)",
             )
         return Decision(
@@ -92,7 +92,7 @@ def decide_verl(tree: ast.Module) -> Decision:
     if fla_in_use():
         return Decision(
             Verdict.FIXED_UPSTREAM,
-            "packed-samples-kept-apart-fla-verl",
+            "verl0.9-fla-keeps-samples-apart",
             "packed samples kept apart by FLA: verl hands its varlen kernel the boundaries, and its context-parallel "
             "kernel runs under Ulysses",
         )
@@ -106,13 +106,13 @@ def decide_verl(tree: ast.Module) -> Decision:
     if takes_kwargs:
         return Decision(
             Verdict.APPLY,
-            "packed-samples-kept-apart-plugin-without",
+            "verl0.9-without-fla",
             "packed samples kept apart by the plugin: without FLA verl hands transformers' torch fallback cu_seqlens, "
             "which it takes as **kwargs and ignores (transformers >= 5.9): samples would mix",
         )
     return Decision(
         Verdict.APPLY,
-        "packed-samples-kept-apart-plugin-without",
+        "verl0.9-without-fla",
         "packed samples kept apart by the plugin: without FLA verl splits them in a Python loop (right, one kernel "
         "per sample) and has no Ulysses SP; the plugin's varlen path is faster and runs SP",
     )
@@ -131,14 +131,14 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
     verl = compat.installed(VERL_TARGET)
     if verl.tree is None:
         if verl.missing:
-            return Decision(Verdict.NOT_USED, "no-verl-qwen3-5", NO_VERL_QWEN3_5)
+            return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", NO_VERL_QWEN3_5)
         return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{VERL_TARGET} {verl.problem}")
     if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
         compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
         return Decision(
             Verdict.NOT_USED,
-            "verl-replaces-layers-forward-function-own",
+            "verl-replaces-layer-forward",
             f"verl replaces this layer's forward with its {FUNCTION} (its own target)",
         )
     prefix = FAMILIES[module]
@@ -166,7 +166,7 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
         )
     return Decision(
         Verdict.APPLY,
-        "packed-samples-kept-apart-plugin-verl",
+        "verl0.8-no-boundaries",
         "packed samples kept apart by the plugin: verl 0.8 passes this layer no boundaries, so its convolution and "
         "recurrence run across packed samples (FLA or not), and under Ulysses each rank's starts from zero",
     )

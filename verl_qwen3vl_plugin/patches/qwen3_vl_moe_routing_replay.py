@@ -93,7 +93,7 @@ def decide_sparse_block(tree: ast.Module) -> Decision:
     if _routes_itself(forward, 2):
         return Decision(
             Verdict.APPLY,
-            "block-routes-tokens-itself-transformers-4.57",
+            "tf4.57-block-routes",
             f"{BLOCK} routes its tokens itself (transformers 4.57)",
         )
     if (
@@ -104,7 +104,7 @@ def decide_sparse_block(tree: ast.Module) -> Decision:
     ):
         return Decision(
             Verdict.NOT_USED,
-            "block-takes-routes-from-router-transformers",
+            "tf5-block-takes-router-routes",
             f"{BLOCK} takes its routes from {ROUTER} (transformers 5)",
         )
     return Decision(
@@ -151,7 +151,7 @@ def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
     if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
         return Decision(
             Verdict.NOT_USED,
-            "no-router-block-routes-transformers-4.57",
+            "tf4.57-block-routes",
             f"no {ROUTER}: {BLOCK} routes (transformers 4.57)",
         )
     return decide_top_k_router(tree, ROUTER)
@@ -215,7 +215,7 @@ def decide_actor(tree: ast.Module) -> Decision:
         )
     return Decision(
         Verdict.APPLY,
-        "actor-drops-routed-experts-never-reads",
+        "verl0.7-actor-without-replay",
         f"{ACTOR} drops routed_experts and never reads router_replay",
     )
 
@@ -236,9 +236,7 @@ def decide_worker(tree: ast.Module) -> Decision:
             "worker-compute-log-prob-builds-output",
             f"{WORKER}.compute_log_prob builds its output in an unknown way",
         )
-    return Decision(
-        Verdict.APPLY, "worker-compute-log-prob-returns-log", f"{WORKER}.compute_log_prob returns log-probs only"
-    )
+    return Decision(Verdict.APPLY, "verl0.7-worker-log-probs-only", f"{WORKER}.compute_log_prob returns log-probs only")
 
 
 def _sets_pad_size(func: ast.FunctionDef) -> bool:
@@ -284,7 +282,7 @@ def decide_engine(tree: ast.Module | None) -> Decision:
         )
     return Decision(
         Verdict.APPLY,
-        "verls-fsdp-engine-never-reads-router",
+        "fsdp-engine-without-replay",
         "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)",
     )
 
@@ -369,7 +367,7 @@ def legacy_gone() -> Decision:
         return Decision(Verdict.UNRECOGNIZED, "no-legacy-fsdp-actor", f"no legacy FSDP actor, and {engine.reason}")
     return Decision(
         Verdict.NOT_USED,
-        "no-legacy-fsdp-actor-verl-0.8",
+        "verl0.8-no-legacy-actor",
         "no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts",
     )
 

@@ -74,12 +74,12 @@ def decide(tree: ast.Module) -> Decision:
         if dense:
             return Decision(
                 Verdict.UNRECOGNIZED,
-                "experts-dispatches-experts-implementation",
+                "tf5-experts-implementation",
                 f"{EXPERTS} dispatches on experts_implementation, but calls {dense}",
             )
         return Decision(
             Verdict.FIXED_UPSTREAM,
-            "experts-dispatches-experts-implementation",
+            "tf5-experts-implementation",
             f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (transformers 5)",
         )
     init = compat.find_function(cls, "__init__")
@@ -93,7 +93,7 @@ def decide(tree: ast.Module) -> Decision:
     if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
         return Decision(
             Verdict.APPLY,
-            "experts-forward-runs-every-expert-every",
+            "dense-eval",
             f"{EXPERTS}.forward runs every expert on every token in eval, loops in training",
         )
     return Decision(

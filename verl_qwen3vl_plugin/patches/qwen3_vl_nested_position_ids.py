@@ -64,7 +64,7 @@ def judge_function(tree: ast.Module | None) -> Decision:
     if _sets_index_only(func):
         return Decision(
             Verdict.APPLY,
-            "function-only-sets-ragged-idx-2",
+            "verl0.7.1-relabels-ragged-index",
             f"{FUNCTION} only sets _ragged_idx = 2: equal-length samples arrive rope-packed and stay wrong",
         )
     return Decision(
@@ -81,7 +81,7 @@ def decider(caller: str):
         if compat.find_class(tree, CALLERS[caller]) is not None and not compat.mentions(tree, FUNCTION):
             return Decision(
                 Verdict.NOT_USED,
-                "callers-never-calls-function-verl-0.7.0",
+                "verl0.7.0-no-3d-position-fix",
                 f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)",
             )
         return Decision(

@@ -66,18 +66,18 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
         if method is None or compat.parameters(method) != ["self", "grid_thw"]:
             return Decision(
                 Verdict.UNRECOGNIZED,
-                "cls-name-forward-calls-method",
+                "tf4.57-method-on-table-device",
                 f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)",
             )
         return Decision(
             Verdict.APPLY,
-            "cls-name-forward-calls-method",
+            "tf4.57-method-on-table-device",
             f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device",
         )
     if _imports_fixed_helper(tree) and _calls_fixed_helper_on_grid(forward):
         return Decision(
             Verdict.NOT_USED,
-            "cls-name-forward-calls-vision-utils",
+            "tf5.9-vision-utils-interpolation",
             f"{cls_name}.forward calls vision_utils.{FIXED_HELPER} on grid_thw (transformers >= 5.9)",
         )
     return Decision(
@@ -98,12 +98,12 @@ def decide_monkey_patch(tree: ast.Module) -> Decision:
     if compat.assigns_attribute(func, METHOD):
         return Decision(
             Verdict.APPLY,
-            "apply-monkey-patch-sets-verls-method",
+            "verl0.8-sets-own-method",
             f"apply_monkey_patch sets verl's {METHOD} (verl >= 0.8): the plugin's is put back",
         )
     return Decision(
         Verdict.APPLY,
-        "apply-monkey-patch-sets-no-method",
+        "verl0.7-sets-no-method",
         f"apply_monkey_patch sets no {METHOD} as verl 0.8 does (verl 0.7): wrapped all the same",
     )
 

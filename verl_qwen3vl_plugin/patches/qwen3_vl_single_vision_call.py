@@ -96,7 +96,7 @@ def decide(tree: ast.Module, module: str = TARGET) -> Decision:
     if calls == (1, 1, 3):
         return Decision(
             Verdict.APPLY,
-            "function-calls-tower-images-again-videos",
+            "verl0.7-two-tower-calls",
             f"{FUNCTION} calls the tower for images and again for videos: two calls on a mixed batch",
         )
     return Decision(

@@ -52,7 +52,7 @@ def decide_verl(tree: ast.Module | None, family: str = "Qwen3-VL") -> Decision:
     if slices:
         return Decision(
             Verdict.APPLY,
-            "verl-slices-family-inputs-after-vision",
+            "slices-after-tower",
             f"verl slices {family} inputs after the vision tower ({VERL_SLICER})",
         )
     return Decision(

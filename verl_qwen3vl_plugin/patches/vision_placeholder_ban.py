@@ -56,20 +56,20 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
             other = UTILS if module == ROLLOUT else ROLLOUT
             return Decision(
                 Verdict.NOT_USED,
-                "no-name-here-verl-patches-vllms",
+                "logits-patched-in-other-module",
                 f"no {name} here: this verl patches vLLM's logits in {other}",
             )
         parameters = compat.parameters(func)
         if "banned_token_ids" in parameters:
             return Decision(
                 Verdict.FIXED_UPSTREAM,
-                "name-bans-processors-placeholder-ids-banned",
+                "verl0.9-banned-token-ids",
                 f"{name} bans the processor's placeholder ids (banned_token_ids)",
             )
         if parameters == ["model", "vocab_size"] and compat.assigns_attribute(func, "compute_logits"):
             return Decision(
                 Verdict.APPLY,
-                "name-model-vocab-size-leaves-vision",
+                "verl0.7-logits-without-ban",
                 f"{name}(model, vocab_size) leaves the vision placeholders sampleable",
             )
         return Decision(
@@ -99,7 +99,7 @@ def decide_positions(tree: ast.Module) -> Decision:
         )
     return Decision(
         Verdict.APPLY,
-        "name-positions-pairs-sampled-placeholder-refused",
+        "agent-loop-rope-index",
         f"{owner.name}.{POSITIONS} pairs a sampled placeholder: refused by name first",
     )
 
