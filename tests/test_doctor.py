@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from tests.helpers import DISCOVERS_PLUGINS, POS_EMBED_USED, TRANSFORMERS, VERL, run_args
+from tests.expected_verdicts import expected_verdicts
+from tests.helpers import DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
 from verl_qwen3vl_plugin import doctor as doctor_module
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.doctor import Report, patch_verdicts, render
@@ -17,86 +18,7 @@ from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 
 PATCHES_BY_NAME = [p.name for p in PATCHES]
 ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
-QWEN3_5_TF = TRANSFORMERS.release >= (5, 2)  # transformers ships qwen3_5 and qwen3_5_moe from 5.2
-QWEN3_5_VISION = (
-    "transformers.models.qwen3_5.modeling_qwen3_5",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-)
-EXPECTED_VERDICTS = {
-    "qwen3_vl_pos_embed": {
-        "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply" if POS_EMBED_USED else "not_used",
-        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply" if POS_EMBED_USED else "not_used",
-        **dict.fromkeys(QWEN3_5_VISION, "apply" if QWEN3_5_TF and POS_EMBED_USED else "not_used"),
-        "verl.models.transformers.monkey_patch": "apply",  # wrapped on every verl: right whether it sets one or not
-    },
-    "qwen3_vl_moe_sparse_experts": {
-        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply"
-        if TRANSFORMERS.major < 5
-        else "fixed_upstream",
-    },
-    "qwen3_vl_single_vision_call": {  # verl 0.7.0 to 0.9.1; Qwen3.5 from verl 0.8
-        "verl.models.transformers.qwen3_vl": "apply",
-        "verl.models.transformers.qwen3_5": "apply" if VERL.release >= (0, 8) else "not_used",
-    },
-    "qwen3_vl_vision_dp": {  # verl 0.7.0 to 0.9.1 all slice Qwen3-VL inputs after the tower, 0.8 to 0.9.1 Qwen3.5's
-        "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply",
-        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "apply",
-        **dict.fromkeys(QWEN3_5_VISION, "apply" if QWEN3_5_TF else "not_used"),
-    },
-    "dp_actor_dynamic_batch_sync": dict.fromkeys(
-        ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
-        {(0, 7, 0): "fixed_upstream", (0, 7, 1): "apply"}.get(VERL.release, "not_used"),
-    ),
-    "qwen3_vl_nested_position_ids": dict.fromkeys(  # verl 0.7.1 to 0.9.1 call maybe_fix_3d_position_ids, 0.7.0 none
-        ("verl.workers.engine_workers", "verl.workers.engine.base"),
-        "apply" if VERL.release >= (0, 7, 1) else "not_used",
-    ),
-    "qwen3_5_packed_delta_net": {  # no FLA here: verl 0.9's forward wrapped, verl 0.8's transformers layers
-        "verl.models.transformers.qwen3_5": "apply" if VERL.release >= (0, 9) else "not_used",
-        **dict.fromkeys(
-            ("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"),
-            "apply" if VERL.release[:2] == (0, 8) else "not_used",
-        ),
-    },
-    "qwen3_vl_moe_routing_replay": {  # the router of this transformers; the legacy actor on 0.7, the engine on all
-        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextSparseMoeBlock.forward": "apply"
-        if TRANSFORMERS.major < 5
-        else "not_used",
-        "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextTopKRouter.forward": "not_used"
-        if TRANSFORMERS.major < 5
-        else "apply",
-        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe:Qwen3_5MoeTopKRouter.forward": "apply"
-        if QWEN3_5_TF
-        else "not_used",
-        "verl.models.transformers.npu_patch:NPUQwen3VLMoeTextSparseMoeBlock.forward": "apply",
-        **dict.fromkeys(
-            ("verl.workers.actor.dp_actor", "verl.workers.fsdp_workers:ActorRolloutRefWorker.compute_log_prob"),
-            "apply" if VERL.release < (0, 8) else "not_used",
-        ),
-        "verl.workers.engine.fsdp.transformer_impl": "apply",
-    },
-    "vision_placeholder_ban": {  # verl 0.7.0 in vllm_rollout, 0.7.1 / 0.8.0 in utils; 0.9 bans upstream
-        "verl.workers.rollout.vllm_rollout.utils": "apply"
-        if (0, 7, 1) <= VERL.release < (0, 9)
-        else "not_used"
-        if VERL.release < (0, 7, 1)
-        else "fixed_upstream",
-        "verl.workers.rollout.vllm_rollout.vllm_rollout": "apply" if VERL.release == (0, 7, 0) else "not_used",
-        "verl.experimental.agent_loop.agent_loop": "apply",
-    },
-    "npu_qwen3_vl_moe_routing": {
-        "verl.models.transformers.npu_patch": "apply" if VERL.release == (0, 7, 1) else "fixed_upstream",
-    },
-    "npu_qwen3_vl_moe_sparse_eval": {"verl.models.transformers.npu_patch": "apply"},
-    "npu_qwen3_vl_moe_weight_sync": {
-        "verl.workers.engine.fsdp.utils": "apply" if VERL.release >= (0, 9) else "not_used",
-        "verl.workers.engine.fsdp.transformer_impl": "apply" if VERL.release >= (0, 9) else "not_used",
-        # verl 0.9's shard export sends the NPU layout as stored and cannot be patched where it is cut: reported.
-        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param_shard": "unrecognized"
-        if VERL.release >= (0, 9)
-        else "not_used",
-    },
-}
+EXPECTED_VERDICTS = expected_verdicts(VERL.release, TRANSFORMERS.release)
 
 
 def doctor(*flags: str, env: dict[str, str] | None = None):

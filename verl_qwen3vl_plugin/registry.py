@@ -116,6 +116,7 @@ class Patch:
     """One patch: everything the hooks, the doctor, the self-test and the docs need to know about it."""
 
     name: str
+    title: str  # what it does, in a line (the docs' heading)
     group: str  # MODEL or NPU: the hook (and entry point) that installs it
     targets: tuple[Target, ...]
     devices: tuple[str, ...] | None  # the accelerators whose users it concerns ("npu"); None: every device

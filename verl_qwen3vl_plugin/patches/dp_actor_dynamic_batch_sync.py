@@ -236,6 +236,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="dp_actor_dynamic_batch_sync",
+    title="one micro-batch count across ranks in verl 0.7.1's FSDP actor and critic",
     group=MODEL,
     targets=tuple(
         Target(

@@ -129,6 +129,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_routing",
+    title="routing weights in training, Ascend Qwen3-VL-MoE",
     group=NPU,
     targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=("npu",),

@@ -85,6 +85,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_sparse_eval",
+    title="grouped eval for verl's Ascend Qwen3-VL-MoE experts",
     group=NPU,
     targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=("npu",),

@@ -238,6 +238,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="npu_qwen3_vl_moe_weight_sync",
+    title="Ascend Qwen3-VL-MoE experts split by their own layout in the weight sync",
     group=NPU,
     targets=(
         Target(module=UTILS, decide=decide_utils, apply=_apply, reads=(CALLER, NPU_PATCH)),

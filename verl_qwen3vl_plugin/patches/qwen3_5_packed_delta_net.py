@@ -198,6 +198,7 @@ def _transformers_target(module: str) -> Target:
 
 PATCH = Patch(
     name="qwen3_5_packed_delta_net",
+    title="packed Qwen3.5 samples kept apart in the gated delta-net layers, Ulysses SP without FLA",
     group=MODEL,
     targets=(
         Target(

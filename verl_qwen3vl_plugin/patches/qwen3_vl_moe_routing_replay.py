@@ -374,6 +374,7 @@ def legacy_gone() -> Decision:
 
 PATCH = Patch(
     name="qwen3_vl_moe_routing_replay",
+    title="routing replay (R2 / R3) for Qwen3-VL-MoE and Qwen3.5-MoE on verl's FSDP path",
     group=MODEL,
     targets=(
         Target(

@@ -122,6 +122,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="qwen3_vl_moe_sparse_experts",
+    title="grouped Qwen3-VL-MoE experts in training and eval (transformers 4.57.x)",
     group=MODEL,
     targets=(Target(module=TARGET, decide=decide, apply=_apply),),
     devices=None,

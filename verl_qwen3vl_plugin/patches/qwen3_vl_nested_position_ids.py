@@ -101,6 +101,7 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="qwen3_vl_nested_position_ids",
+    title="multimodal position ids ragged along the sequence, whatever the lengths",
     group=MODEL,
     targets=tuple(
         Target(

@@ -131,6 +131,7 @@ def _wrap_apply_monkey_patch(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="qwen3_vl_pos_embed",
+    title="device-safe, vectorized `fast_pos_embed_interpolate`",
     group=MODEL,
     targets=(
         *vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),

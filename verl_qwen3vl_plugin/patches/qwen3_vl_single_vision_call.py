@@ -117,6 +117,7 @@ def _applier(replacement: str) -> Callable[[ModuleType, Decision], None]:
 
 PATCH = Patch(
     name="qwen3_vl_single_vision_call",
+    title="one vision-tower call per micro-batch",
     group=MODEL,
     targets=(
         Target(module=TARGET, decide=decide, apply=_applier("get_input_embeds")),

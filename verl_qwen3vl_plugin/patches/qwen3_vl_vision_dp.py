@@ -95,6 +95,7 @@ def _apply_to_vision_class(cls: type) -> None:
 
 PATCH = Patch(
     name="qwen3_vl_vision_dp",
+    title="the vision tower split over the Ulysses group",
     group=MODEL,
     targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class, reads=(VERL_MONKEY_PATCH,)),
     devices=None,

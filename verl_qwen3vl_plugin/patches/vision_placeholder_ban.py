@@ -127,6 +127,7 @@ def _apply_positions(module: ModuleType, decision: Decision) -> None:
 
 PATCH = Patch(
     name="vision_placeholder_ban",
+    title="no vision placeholder sampled on verl 0.7 / 0.8, and one sampled anyway refused by name",
     group=MODEL,
     targets=(
         _logits_target(UTILS, "this verl has no vLLM worker extension"),
