@@ -40,6 +40,10 @@ def test_names_unique():
 
 @pytest.mark.parametrize("patch", PATCHES, ids=NAMES)
 def test_spec_is_complete(patch: Patch):
+    check_spec_is_complete(patch)
+
+
+def check_spec_is_complete(patch: Patch) -> None:
     assert patch.group in HOOK_MODULES, patch.group
     for field in ("why", "how", "remove_when"):
         assert getattr(patch, field).strip(), f"{patch.name}: empty {field}"

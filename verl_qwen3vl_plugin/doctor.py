@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from verl_qwen3vl_plugin import patches as registered
 from verl_qwen3vl_plugin.compat import devices, dist_version, installed, verl_discovers_plugins
-from verl_qwen3vl_plugin.patches import NAMES, PATCHES
 from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
@@ -63,9 +63,11 @@ def check_env(env: dict[str, str]) -> None:
     modules = env.get(MODULES_ENV, "")
     if modules and any(m != m.strip() or not m for m in modules.split(",")):
         raise UsageError(f"{MODULES_ENV}={modules!r}: names must be comma-separated with no spaces or empty entries")
-    _, unknown = disable_list(NAMES, env)
+    _, unknown = disable_list(registered.NAMES, env)
     if unknown:
-        raise UsageError(f"{DISABLE_ENV}={env[DISABLE_ENV]!r}: unknown names {unknown}; valid: all, {', '.join(NAMES)}")
+        raise UsageError(
+            f"{DISABLE_ENV}={env[DISABLE_ENV]!r}: unknown names {unknown}; valid: all, {', '.join(registered.NAMES)}"
+        )
 
 
 def _why_inactive(env: dict[str, str], observed: dict[str, object]) -> str:
@@ -116,7 +118,7 @@ def patch_verdicts(
     """Each patch's verdict on each target, whether it would run here, and the actions: an unrecognized target on a
     device this machine has."""
     report, actions = {}, []
-    for patch in PATCHES:
+    for patch in registered.PATCHES:
         concerns_here = concerns(patch, present)
         targets = {}
         for target in patch.targets:
@@ -158,7 +160,7 @@ def build_report(env: dict[str, str] | None = None, selftest: bool = False) -> R
         raise UsageError("verl is not installed in this Python environment")
     info, actions = activation(env)
     present = devices()
-    disabled, _ = disable_list(NAMES, env)
+    disabled, _ = disable_list(registered.NAMES, env)
     patches, unrecognized = patch_verdicts(present, disabled)
     report = Report(versions, info, patches, present, actions + unrecognized, _routing_replay(patches))
     report.rollout_side = rollout_side()
