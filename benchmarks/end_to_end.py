@@ -3,7 +3,7 @@
 Each patch has a benchmark of the code it replaces; this one measures them together where verl runs them: verl
 0.7.1's real ``DataParallelPPOActor``, ``compute_log_prob`` with entropy (as verl's worker calls it), then
 ``update_policy`` (one optimizer step, learning rate 0, so every step does the same work), on two gloo ranks of 1
-thread each, Ulysses SP = 2, FSDP2 (``selftest.ulysses.shard``), with the CPU stand-ins of
+thread each, Ulysses SP = 2, FSDP2 (``tests/_child/ulysses_ranks.shard``), with the CPU stand-ins of
 ``verl_qwen3vl_plugin.selftest.ulysses``. The model is a small Qwen3-VL-MoE (``BENCH_TOWER``, ``BENCH_TEXT``); the
 batch alternates samples of 1 and 2 geo3k-sized images, in micro-batches of 4, one mini-batch.
 
@@ -25,14 +25,20 @@ import itertools
 import os
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from vision_dp import GEO3K_GRIDS  # benchmarks/vision_dp.py, beside this script: the same image sizes
 
 from verl_qwen3vl_plugin.registry import DISABLE_ENV
+
+# ``ulysses_ranks`` (tests/_child/ulysses_ranks.py) is imported from its folder, not as ``tests.``: verl's wheel
+# installs a ``tests`` package of its own, which shadows this repository's outside pytest
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "_child"))
 
 SP, MICRO = 2, 4
 # Small, but with Qwen3-VL-30B-A3B's proportions where the patches act: a 4-block tower, experts at E / top_k = 8.
@@ -87,11 +93,12 @@ def _rank(rank: int, plugin: bool, samples: int, warmup: int) -> dict:
     """On one of the two ranks: the last step's times, this rank's peak RSS, the applied patches, the tokens."""
     import verl  # noqa: F401  (the plugin activates here, unless disabled)
     from tensordict import TensorDict
+    from ulysses_ranks import shard
     from verl import DataProto
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.ulysses import set_ulysses_sequence_parallel_group
 
-    from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, micro_batch, shard
+    from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, micro_batch
 
     install_cpu_stand_ins()
     model = build_model("moe", text=BENCH_TEXT, **BENCH_TOWER)

@@ -14,10 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# ``ulysses_ranks`` (tests/_child/ulysses_ranks.py) is imported from its folder, not as ``tests.``: verl's wheel
+# installs a ``tests`` package of its own, which shadows this repository's outside pytest
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "_child"))
 
 # geo3k diagrams are a few hundred pixels a side: with 16-pixel patches and 2 x 2 merging, grids like these
 GEO3K_GRIDS = [(1, 20, 14), (1, 16, 16), (1, 24, 18), (1, 14, 10)]
@@ -50,9 +56,10 @@ def flops_table(images: int) -> None:
 def _rank(rank: int, images: int, repeats: int) -> dict[str, float]:
     """On one of the two ranks: median times of the slower rank, per implementation."""
     import verl  # noqa: F401  (the plugin activates here)
+    from ulysses_ranks import log_prob_forward
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
-    from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, log_prob_forward, micro_batch
+    from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch
 
     install_cpu_stand_ins()
     model = build_model("dense", **BENCH_TOWER)

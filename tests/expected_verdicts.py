@@ -4,16 +4,15 @@ of every stack in ``noxfile.py`` from it. The one place these facts are written.
 
 from __future__ import annotations
 
-QWEN3_5_VISION = (
-    "transformers.models.qwen3_5.modeling_qwen3_5",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-)
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE
+
+QWEN3_5_VISION = (QWEN3_5.modeling, QWEN3_5_MOE.modeling)
 
 
 def expected_verdicts(verl: tuple[int, ...], transformers: tuple[int, ...]) -> dict[str, dict[str, str]]:
     """patch -> target label -> verdict, on verl ``verl`` and transformers ``transformers`` (release tuples)."""
     pos_embed_used = transformers < (5, 9)  # transformers >= 5.9 no longer calls fast_pos_embed_interpolate
-    qwen3_5_tf = transformers >= (5, 2)  # transformers ships qwen3_5 and qwen3_5_moe from 5.2
+    qwen3_5_tf = QWEN3_5.shipped_by(transformers)
     return {
         "qwen3_vl_pos_embed": {
             "transformers.models.qwen3_vl.modeling_qwen3_vl": "apply" if pos_embed_used else "not_used",

@@ -13,13 +13,15 @@ from pathlib import Path
 
 from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin.compat import MISSING, Source, dist_version, parse, verl_discovers_plugins
+from verl_qwen3vl_plugin.families import QWEN3_5
 from verl_qwen3vl_plugin.registry import Decision, Patch, Target, decide
 
 VERL = dist_version("verl")
 TRANSFORMERS = dist_version("transformers")
 DISCOVERS_PLUGINS = verl_discovers_plugins()
 POS_EMBED_USED = TRANSFORMERS.release < (5, 9)  # transformers >= 5.9 no longer calls fast_pos_embed_interpolate
-QWEN3_5 = VERL.release >= (0, 8) and TRANSFORMERS.release >= (5, 2)  # verl's qwen3_5 forward, transformers' models
+QWEN3_5_SHIPPED = QWEN3_5.shipped_by(TRANSFORMERS.release)  # transformers has the Qwen3.5 models
+QWEN3_5_TRAINED = QWEN3_5.trained_by(VERL.release, TRANSFORMERS.release)  # and verl trains them
 CHILD = Path(__file__).resolve().parent / "_child"
 ROOT = CHILD.parents[1]
 PLUGIN_SWITCHES = ("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN")

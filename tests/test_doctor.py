@@ -13,8 +13,10 @@ from tests.helpers import DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
 from verl_qwen3vl_plugin import doctor as doctor_module
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.doctor import Report, patch_verdicts, render
+from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.patches import PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
 PATCHES_BY_NAME = [p.name for p in PATCHES]
 ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
@@ -139,14 +141,13 @@ def test_routing_replay_unavailable_says_why():
 
     labels = [t.label for t in replay.PATCH.targets]
     routers = [
-        t.label
-        for t in replay.PATCH.targets
-        if t.module in (replay.MODELING, replay.QWEN3_5_MODELING, replay.NPU_PATCH)
+        t.label for t in replay.PATCH.targets if t.module in (QWEN3_VL_MOE.modeling, QWEN3_5_MOE.modeling, NPU_PATCH)
     ]
+    qwen3_5_router = f"{QWEN3_5_MOE.modeling}:{replay.QWEN3_5_ROUTER}.forward"
     no_router = dict.fromkeys(labels, "apply") | dict.fromkeys(routers, "unrecognized")
     assert "no Qwen3-VL-MoE or Qwen3.5-MoE router" in replay.availability(no_router)
-    assert replay.availability(no_router | {routers[2]: "apply"}).startswith("available")  # Qwen3.5-MoE's alone
-    no_path = dict.fromkeys(labels, "unrecognized") | {labels[1]: "apply"}
+    assert replay.availability(no_router | {qwen3_5_router: "apply"}).startswith("available")  # Qwen3.5-MoE's alone
+    no_path = dict.fromkeys(labels, "unrecognized") | {f"{QWEN3_VL_MOE.modeling}:{replay.ROUTER}.forward": "apply"}
     assert "neither verl's legacy FSDP actor nor its FSDP engine" in replay.availability(no_path)
     assert "disabled" in replay.availability(dict.fromkeys(labels, "disabled"))
 

@@ -19,6 +19,7 @@ import verl_qwen3vl_plugin as plugin
 from tests.helpers import ROOT, child_json
 from verl_qwen3vl_plugin import compat, patches
 from verl_qwen3vl_plugin.doctor import patch_verdicts
+from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
 from verl_qwen3vl_plugin.patches import NAMES, PATCHES
 from verl_qwen3vl_plugin.registry import HOOK_MODULES, Patch
 
@@ -124,29 +125,41 @@ def test_each_upstream_module_is_parsed_once_per_process(monkeypatch):
     assert len(texts) == len(set(texts))
 
 
-QWEN3_5_TARGETS = [(p, t) for p in PATCHES for t in p.targets if "qwen3_5" in t.module]
+def _later_family_targets() -> list[tuple[Patch, object, Family, Family]]:
+    """(patch, target, family, its sibling in the first line) for each target of a family later releases brought."""
+    found = []
+    for family in FAMILIES:
+        sibling = next(f for f in FAMILIES if f.line == QWEN3_VL.line and f.moe == family.moe)
+        if family.transformers == sibling.transformers and family.verl == sibling.verl:
+            continue
+        modules = {family.modeling: sibling.modeling, family.verl_forward: sibling.verl_forward}
+        found += [(p, t, family, modules[t.module]) for p in PATCHES for t in p.targets if t.module in modules]
+    return list({(p.name, t.label): (p, t, f, m) for p, t, f, m in found}.values())  # a line's forward: once
 
 
-@pytest.mark.parametrize("patch, target", QWEN3_5_TARGETS, ids=[f"{p.name}-{t.label}" for p, t in QWEN3_5_TARGETS])
-def test_a_stack_without_qwen3_5_reads_not_used_for_its_targets(patch: Patch, target):
-    """transformers < 5.2 and verl < 0.8 have no Qwen3.5: its targets are "not used" there, saying why; the same
-    patch's Qwen3-VL sibling, where it has one, judges its own absence (fails closed unless it declares why it may be
-    absent)."""
+LATER_FAMILY_TARGETS = _later_family_targets()
+
+
+@pytest.mark.parametrize(
+    "patch, target, family, sibling_module",
+    LATER_FAMILY_TARGETS,
+    ids=[f"{p.name}-{t.label}" for p, t, *_ in LATER_FAMILY_TARGETS],
+)
+def test_a_stack_without_a_later_family_reads_not_used_for_its_targets(patch: Patch, target, family, sibling_module):
+    """transformers < 5.2 and verl < 0.8 have no Qwen3.5: its targets are "not used" there, naming the family; the
+    same patch's Qwen3-VL sibling, where it has one, judges its own absence (fails closed unless it declares why it
+    may be absent)."""
     from tests.helpers import judge
     from verl_qwen3vl_plugin.registry import Verdict
 
     decision = judge(patch, target, None)
-
-    verdict, reason = decision.verdict, decision.reason
-    assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
-    sibling = next((t for t in patch.targets if t.module == target.module.replace("qwen3_5", "qwen3_vl")), None)
-    if sibling is None:  # a Qwen3.5-only patch
-        assert all("qwen3_5" in t.module for t in patch.targets), patch.targets
+    assert decision.verdict is Verdict.NOT_USED and family.line in decision.reason, decision
+    sibling = next((t for t in patch.targets if t.module == sibling_module), None)
+    if sibling is None:  # a patch of the later family only
         return
     decision = judge(patch, sibling, None)
-    verdict, reason = decision.verdict, decision.reason
-    assert "Qwen3.5" not in reason
-    assert verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), reason
+    assert family.line not in decision.reason
+    assert decision.verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), decision
 
 
 def test_generated_files_are_up_to_date():
@@ -174,3 +187,15 @@ def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: 
         elif target.absent is not None:
             target.absent()
         assert read <= {target.module, *target.reads}, f"{target.label} reads {sorted(read - {target.module})}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_shape_id_names_one_verdict(name: str):
+    """Appliers and tests branch on shape ids: in a patch's probes, one id never comes with two verdicts."""
+    verdicts: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}").__file__).read_text())):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "Decision" and len(node.args) >= 2:
+            if isinstance(node.args[1], ast.Constant):
+                verdicts.setdefault(node.args[1].value, set()).add(ast.unparse(node.args[0]))
+    assert verdicts, f"{name}: no Decision with a literal shape id"
+    assert not {shape: v for shape, v in verdicts.items() if len(v) > 1}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 _kept: dict[tuple[object, str], object] = {}
+_installed: dict[tuple[object, str], object] = {}  # what the plugin set there
 
 
 def original(owner: object, attr: str) -> object:
@@ -19,6 +20,7 @@ def original(owner: object, attr: str) -> object:
 def replace(owner: object, attr: str, new: object) -> None:
     """Set ``owner.attr = new``, keeping upstream's ``owner.attr`` the first time."""
     _kept.setdefault((owner, attr), vars(owner).get(attr))
+    _installed[owner, attr] = new
     setattr(owner, attr, new)
 
 
@@ -30,3 +32,9 @@ def wrap(owner: object, attr: str, wrapper: Callable[[Callable], Callable]) -> N
 def replaced(attr: str) -> list[object]:
     """The owners whose ``attr`` the plugin replaced in this process."""
     return [owner for owner, name in _kept if name == attr]
+
+
+def ours(obj: object) -> bool:
+    """Whether ``obj`` is something the plugin installed: a wrapper carries upstream's name and module
+    (``functools.wraps``), so this is the way to tell, e.g. where a module bound another's patched name at import."""
+    return any(new is obj for new in _installed.values())

@@ -1,8 +1,8 @@
 """The vision towers the vision patches target: Qwen3-VL's and Qwen3.5's share one design (patch embedding, an
-interpolated position table, the blocks, the merger), so each vision patch acts on all four classes alike.
+interpolated position table, the blocks, the merger), so each vision patch acts on every family's tower alike.
 
-transformers ships ``qwen3_5`` and ``qwen3_5_moe`` from 5.2: where they are not installed, their targets are "not
-used", while a missing Qwen3-VL module stays "unrecognized" (every supported transformers has it).
+A family the installed transformers does not ship yet (Qwen3.5 before 5.2) has targets that are "not used", while a
+missing module of a family every supported transformers ships stays "unrecognized".
 """
 
 from __future__ import annotations
@@ -10,37 +10,28 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
+from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
 from verl_qwen3vl_plugin.registry import Decision, Target, not_used_when_absent
 
-VISION_CLASSES = {
-    "transformers.models.qwen3_vl.modeling_qwen3_vl": "Qwen3VLVisionModel",
-    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe": "Qwen3VLMoeVisionModel",
-    "transformers.models.qwen3_5.modeling_qwen3_5": "Qwen3_5VisionModel",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5MoeVisionModel",
-}
-
-
-def is_qwen3_5(cls_name: str) -> bool:
-    return cls_name.startswith("Qwen3_5")
-
-
-NO_QWEN3_5 = not_used_when_absent(
-    "no-qwen3.5-transformers", "no Qwen3.5 in this transformers (it ships qwen3_5 from 5.2)"
-)
+# transformers module -> its vision class
+VISION_CLASSES = {family.modeling: family.vision_class for family in FAMILIES}
 
 
 def vision_targets(
-    decide: Callable[[str, ast.Module | None], Decision], apply: Callable[[type], None], reads: tuple[str, ...] = ()
+    decide: Callable[[Family, ast.Module], Decision], apply: Callable[[type], None], reads: tuple[str, ...] = ()
 ) -> tuple[Target, ...]:
-    """One target per vision class, judged by ``decide(class name, module tree)``; ``apply`` gets the class."""
+    """One target per family's tower, judged by ``decide(family, module tree)``; ``apply`` gets the class."""
 
-    def target(module: str, cls_name: str) -> Target:
+    def target(family: Family) -> Target:
+        shipped_always = family.transformers <= QWEN3_VL.transformers
         return Target(
-            module=module,
-            decide=lambda tree: decide(cls_name, tree),
-            apply=lambda imported, decision: apply(getattr(imported, cls_name)),
-            absent=NO_QWEN3_5 if is_qwen3_5(cls_name) else None,
+            module=family.modeling,
+            decide=lambda tree: decide(family, tree),
+            apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
+            absent=None
+            if shipped_always
+            else not_used_when_absent(f"no-{family.model_type}", family.missing("transformers")),
             reads=reads,
         )
 
-    return tuple(target(module, cls_name) for module, cls_name in VISION_CLASSES.items())
+    return tuple(target(family) for family in FAMILIES)

@@ -16,10 +16,11 @@ import json
 import sys
 
 import torch
+from ulysses_ranks import shard  # this folder's sibling module
 
 from verl_qwen3vl_plugin.selftest.dp_actor_dynamic_batch_sync import MAX_TOKENS, batch_of
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins, shard
+from verl_qwen3vl_plugin.selftest.ulysses import actor_for, build_model, install_cpu_stand_ins
 
 
 def run_rank(rank):

@@ -20,9 +20,10 @@ import sys
 import torch
 import torch.distributed as dist
 from seeded_pass import full, seeded_pass  # this folder's sibling script
+from ulysses_ranks import shard  # this folder's sibling module
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch, shard
+from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch
 
 # Per case, each rank's micro-batch: per sample its images as (t, h, w), videos as ("v", t, h, w).
 CASES = {

@@ -17,10 +17,11 @@ import sys
 
 import torch
 import torch.distributed as dist
+from ulysses_ranks import shard  # this folder's sibling module
 
 from verl_qwen3vl_plugin.selftest import qwen3_vl_moe_routing_replay as replay
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins, shard
+from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
 
 SMALL = 0.1  # the rollout stand-in's router-weight perturbation: a few routing flips per layer
 

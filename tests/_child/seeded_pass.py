@@ -3,8 +3,7 @@ reference pass and a sharded or SP = 2 pass differentiate the same function and 
 entry for entry. Imported by those sibling scripts; not a child of its own."""
 
 import torch
-
-from verl_qwen3vl_plugin.selftest.ulysses import log_prob_forward
+from ulysses_ranks import log_prob_forward  # this folder's sibling module
 
 
 def full(tensor):

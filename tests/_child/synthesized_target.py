@@ -27,6 +27,7 @@ class SynthesizedFinder:
 # Just before the file-system finder, so the plugin's post-import hook finder (wrapt's) still sees the import.
 sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), SynthesizedFinder)
 import verl_qwen3vl_plugin as plugin  # noqa: E402
+from verl_qwen3vl_plugin import originals  # noqa: E402
 from verl_qwen3vl_plugin.hooks import install  # noqa: E402
 from verl_qwen3vl_plugin.patches import PATCHES  # noqa: E402
 
@@ -39,8 +40,7 @@ print(
         {
             "status": status.status.value,
             "reason": status.reason,
-            "replaced": attribute in cls.__dict__
-            and getattr(cls, attribute).__module__.startswith("verl_qwen3vl_plugin"),
+            "replaced": originals.ours(cls.__dict__.get(attribute)),
         }
     )
 )

@@ -19,15 +19,11 @@ import sys
 import torch
 import torch.distributed as dist
 from seeded_pass import full, seeded_pass  # this folder's sibling script
+from ulysses_ranks import boundary_inside_image, shard  # this folder's sibling module
 
+from verl_qwen3vl_plugin import originals
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import (
-    boundary_inside_image,
-    build_model,
-    install_cpu_stand_ins,
-    micro_batch,
-    shard,
-)
+from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch
 
 # A micro-batch per case: each sample's images as (t, h, w) grids, videos marked "v"; every tensor is seeded.
 CASES = {
@@ -77,7 +73,11 @@ def run_rank(rank, kind, cases, fsdp, shuffled):
     counts = []
     model.model.visual.patch_embed.register_forward_pre_hook(lambda _, a: counts.append(a[0].shape[0]))
     applied = any(s.patch == "qwen3_vl_vision_dp" and s.status == "applied" for s in patch_statuses())
-    results = {"rank": rank, "vision_dp_applied": applied, "tower": type(model.model.visual).forward.__module__}
+    results = {
+        "rank": rank,
+        "vision_dp_applied": applied,
+        "tower_is_ours": originals.ours(type(model.model.visual).forward),
+    }
     for case in cases.split(","):
         batch = micro_batch(CASES[case])
         ref_lp, ref_ent, ref_grads, ref_counts = run_pass(model, batch, 1, counts)

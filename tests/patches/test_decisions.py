@@ -17,17 +17,19 @@ from verl_qwen3vl_plugin.patches import (
 )
 from verl_qwen3vl_plugin.registry import Decision, Verdict, decide, disable_list
 
+NPU_PATCH = "verl.models.transformers.npu_patch"
 NPU = npu_qwen3_vl_moe_routing.PATCH
+NPU_BLOCK = NPU.target(NPU_PATCH)
 POS = qwen3_vl_pos_embed.PATCH
-NPU_SOURCE = source_text(npu_qwen3_vl_moe_routing.TARGET)
-VISION = POS.targets[0]
+NPU_SOURCE = source_text(NPU_PATCH)
+VISION = POS.target("transformers.models.qwen3_vl.modeling_qwen3_vl")
 VISION_SOURCE = source_text(VISION.module)
 GUARD = "        if not self.training:\n            routing_weights = torch.zeros_like"
 TRAINING_GATHER = "selected_probs = routing_weights[batch_idx, router_indices]"
 
 
 def npu_verdict(source: str | None) -> Decision:
-    return judge(NPU, NPU.targets[0], source)
+    return judge(NPU, NPU_BLOCK, source)
 
 
 def test_installed_verl_npu_decision():
@@ -37,7 +39,7 @@ def test_installed_verl_npu_decision():
 
 
 def test_installed_transformers_pos_embed_decision():
-    for target in POS.targets[:2]:
+    for target in (VISION, POS.target("transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe")):
         decision = judge(POS, target, source_text(target.module))
         verdict, reason = decision.verdict, decision.reason
         assert verdict is (Verdict.APPLY if POS_EMBED_USED else Verdict.NOT_USED), reason
@@ -51,14 +53,14 @@ class TestEditedNpuSource:
         assert fixed != NPU_SOURCE
         decision = npu_verdict(fixed)
         verdict, reason = decision.verdict, decision.reason
-        assert verdict is Verdict.FIXED_UPSTREAM and "scatters routing weights in every mode" in reason
+        assert verdict is Verdict.FIXED_UPSTREAM and decision.shape == "verl0.8-scatters", reason
 
     def test_experts_taking_top_k_weights_are_verl_070(self):
         v070 = NPU_SOURCE.replace("probs=selected_probs", "probs=routing_weights")
         assert v070 != NPU_SOURCE
         decision = npu_verdict(v070.replace(TRAINING_GATHER, "pass"))
         verdict, reason = decision.verdict, decision.reason
-        assert verdict is Verdict.FIXED_UPSTREAM and "takes the top-k weights directly" in reason
+        assert verdict is Verdict.FIXED_UPSTREAM and decision.shape == "verl0.7.0-top-k-experts", reason
 
     def test_experts_reading_some_other_way_are_unrecognized(self):
         """Refactored experts: neither the 0.7.1 gather nor the 0.7.0 pass-through. Not "fixed upstream"."""
@@ -84,11 +86,11 @@ def test_unreadable_source_is_unrecognized(monkeypatch, tmp_path):
     monkeypatch.setattr(compat, "module_path", lambda name: bad)
     compat.installed.cache_clear()
     try:
-        source = compat.installed("verl.models.transformers.npu_patch")
+        source = compat.installed(NPU_PATCH)
     finally:
         compat.installed.cache_clear()
     assert source.tree is None and source.problem.startswith("cannot be read")
-    assert decide(NPU, NPU.targets[0], source, frozenset()).verdict is Verdict.UNRECOGNIZED
+    assert decide(NPU, NPU_BLOCK, source, frozenset()).verdict is Verdict.UNRECOGNIZED
 
 
 SYNTH_NPU = """
@@ -124,7 +126,7 @@ def test_synthesized_vision_sources():
 
 
 def test_synthesized_monkey_patch_sources():
-    target = POS.targets[-1]  # verl's monkey_patch
+    target = POS.target("verl.models.transformers.monkey_patch")
     assert judge(POS, target, "def other():\n    pass\n").verdict is Verdict.UNRECOGNIZED
     # verl 0.7 sets none; the wrapper, which only puts the plugin's back afterwards, is right there too.
     assert judge(POS, target, "def apply_monkey_patch(model):\n    pass\n").verdict is Verdict.APPLY
@@ -135,7 +137,7 @@ def test_synthesized_monkey_patch_sources():
 @pytest.mark.parametrize(
     ("module", "source", "cls", "attribute"),
     [
-        (npu_qwen3_vl_moe_routing.TARGET, SYNTH_NPU, npu_qwen3_vl_moe_routing.BLOCK, "forward"),
+        (NPU_PATCH, SYNTH_NPU, "NPUQwen3VLMoeTextSparseMoeBlock", "forward"),
         (VISION.module, SYNTH_VISION, "Qwen3VLVisionModel", "fast_pos_embed_interpolate"),
     ],
     ids=["npu_block", "vision"],
@@ -143,7 +145,7 @@ def test_synthesized_monkey_patch_sources():
 def test_real_hook_on_unrecognized_upstream_does_not_patch_and_warns(tmp_path, module, source, cls, attribute):
     path = tmp_path / "synthesized.py"
     path.write_text(source)
-    patch = next(p for p in (NPU, POS) if p.targets[0].module == module).name
+    patch = next(p for p in (NPU, POS) if any(t.module == module for t in p.targets)).name
     proc = run_child("synthesized_target.py", patch, module, str(path), cls, attribute)
     result = last_json(proc)
     assert result["status"] == "unrecognized" and not result["replaced"], result
@@ -166,17 +168,20 @@ def test_disabled_comes_from_the_environment_given(monkeypatch):
     """``decide`` reads no environment: the disabled set handed to it decides, as the hooks and the doctor pass it."""
     monkeypatch.setenv("VERL_QWEN3VL_PLUGIN_DISABLE", "all")  # this process's: must not count
     disabled, _ = disable_list(NAMES, {"VERL_QWEN3VL_PLUGIN_DISABLE": "npu_qwen3_vl_moe_routing"})
-    assert decide(NPU, NPU.targets[0], parse(NPU_SOURCE), disabled).verdict is Verdict.DISABLED
+    assert decide(NPU, NPU_BLOCK, parse(NPU_SOURCE), disabled).verdict is Verdict.DISABLED
     assert decide(POS, VISION, parse(VISION_SOURCE), disabled).verdict is not Verdict.DISABLED
 
 
 SYNC = npu_qwen3_vl_moe_weight_sync.PATCH
-UTILS_SOURCE = source_text(npu_qwen3_vl_moe_weight_sync.UTILS)
+FSDP_UTILS, FSDP_ENGINE = "verl.workers.engine.fsdp.utils", "verl.workers.engine.fsdp.transformer_impl"
+SYNC_UTILS = SYNC.target(FSDP_UTILS)
+UTILS_SOURCE = source_text(FSDP_UTILS)
 SYNCS = VERL.release >= (0, 9)
 
 
 def test_installed_verl_weight_sync_decision():
-    utils, caller, shard_export = (judge(SYNC, t, source_text(t.module)) for t in SYNC.targets)
+    labels = (FSDP_UTILS, FSDP_ENGINE, f"{FSDP_ENGINE}:FSDPEngine.get_per_tensor_param_shard")
+    utils, caller, shard_export = (judge(SYNC, t, source_text(t.module)) for t in map(SYNC.target, labels))
     for decision in (utils, caller):
         assert decision.verdict is (Verdict.APPLY if SYNCS else Verdict.NOT_USED), decision.reason
     # verl 0.9's shard export sends the NPU layout as stored: reported, not patched.
@@ -188,7 +193,7 @@ class TestEditedWeightSyncSources:
     def test_a_split_along_another_axis_is_unrecognized(self):
         edited = UTILS_SOURCE.replace("tensor.chunk(2, dim=1)", "tensor.chunk(2, dim=2)")
         assert edited != UTILS_SOURCE
-        assert judge(SYNC, SYNC.targets[0], edited).verdict is Verdict.UNRECOGNIZED
+        assert judge(SYNC, SYNC_UTILS, edited).verdict is Verdict.UNRECOGNIZED
 
     def test_npu_experts_in_transformers5_layout_are_fixed_upstream(self, monkeypatch):
         npu = NPU_SOURCE.replace(
@@ -196,13 +201,13 @@ class TestEditedWeightSyncSources:
             "torch.empty(self.num_experts, 2 * self.expert_dim, self.hidden_size)",
         )
         assert npu != NPU_SOURCE
-        use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
-        decision = judge(SYNC, SYNC.targets[0], UTILS_SOURCE)
+        use_sources(monkeypatch, {NPU_PATCH: npu})
+        decision = judge(SYNC, SYNC_UTILS, UTILS_SOURCE)
         verdict, reason = decision.verdict, decision.reason
-        assert verdict is Verdict.FIXED_UPSTREAM and "(E, 2I, H)" in reason
+        assert verdict is Verdict.FIXED_UPSTREAM and decision.shape == "npu-experts-tf5-layout", reason
 
     def test_npu_experts_built_some_other_way_are_unrecognized(self, monkeypatch):
         npu = NPU_SOURCE.replace("torch.empty(self.num_experts, self.hidden_size, 2 * self.expert_dim)", "make()")
         assert npu != NPU_SOURCE
-        use_sources(monkeypatch, {npu_qwen3_vl_moe_weight_sync.NPU_PATCH: npu})
-        assert judge(SYNC, SYNC.targets[0], UTILS_SOURCE).verdict is Verdict.UNRECOGNIZED
+        use_sources(monkeypatch, {NPU_PATCH: npu})
+        assert judge(SYNC, SYNC_UTILS, UTILS_SOURCE).verdict is Verdict.UNRECOGNIZED

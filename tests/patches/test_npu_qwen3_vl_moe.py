@@ -3,7 +3,8 @@ its Qwen3-VL-MoE block against transformers' own (weights copied with the layout
 tiny model, and what verl's FSDP engine streams to the rollout.
 
 verl's npu_patch rewires transformers' Qwen3 modules for the rest of the process, so this module runs in its own
-pytest process (marker ``fake_npu``; see noxfile.py). References are computed before verl swaps the block.
+pytest process (marker ``fake_npu``; see noxfile.py). References are computed before verl swaps the block. Last, the
+near-misses of the routing and weight-sync shapes their probes call safe (``tests/source_edits.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,25 @@ import pytest
 import torch
 
 from tests.helpers import judge, source_text
+from tests.source_edits import (
+    APPLY,
+    Shape,
+    Variant,
+    add_method,
+    before_return,
+    check_near_miss,
+    extra_parameter,
+    guard_scatter,
+    in_class,
+    in_method,
+    near_miss_cases,
+    prepend_to,
+    rename_stream_keys,
+    scatter_not_in_place,
+    scatter_unless_training,
+    substitute,
+    unpermute_with_float_weights,
+)
 from verl_qwen3vl_plugin.hooks import install
 from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
 from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
@@ -32,7 +52,11 @@ from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 from verl_qwen3vl_plugin.selftest.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe
 
 pytestmark = pytest.mark.fake_npu
-SYNCS = judge(sync.PATCH, sync.PATCH.targets[0], source_text(sync.UTILS)).verdict is Verdict.APPLY
+NPU_PATCH = "verl.models.transformers.npu_patch"
+FSDP_UTILS, FSDP_ENGINE = "verl.workers.engine.fsdp.utils", "verl.workers.engine.fsdp.transformer_impl"
+SYNC_UTILS, SYNC_ENGINE = sync.PATCH.target(FSDP_UTILS), sync.PATCH.target(FSDP_ENGINE)  # the full weight sync
+SHARD_EXPORT = sync.PATCH.target(f"{FSDP_ENGINE}:FSDPEngine.get_per_tensor_param_shard")
+SYNCS = judge(sync.PATCH, SYNC_UTILS, source_text(FSDP_UTILS)).verdict is Verdict.APPLY
 # The tiny model's hidden 32 with expert intermediates 24 (shapes tell a mis-split) and 16 (hidden == 2 * I: they
 # do not, and only the values show it).
 INTERMEDIATES = {"hidden_ne_2i": 24, "hidden_eq_2i": 16}
@@ -60,14 +84,14 @@ def npu():
             states[case] = model.state_dict()
             if SYNCS:  # verl's own weight stream of transformers' own model: what the rollout must receive
                 streams[case] = engine_weight_stream(model)
-        npu_patch = importlib.import_module(routing.TARGET)
+        npu_patch = importlib.import_module(NPU_PATCH)
         getattr(npu_patch, "apply_npu_patches", lambda: None)()  # verl >= 0.9 swaps the block here, 0.8 at import
         block = npu_patch.NPUQwen3VLMoeTextSparseMoeBlock
         verl_forward = block.forward
         experts = npu_patch.NPUQwen3VLMoeTextExperts
         verl_experts_forward = experts.forward
-        engine = importlib.import_module(sync.CALLER)  # verl's FSDP engine: the weight-sync patch's targets
-        verl_unfuse = getattr(engine, sync.FUNCTION, None)
+        engine = importlib.import_module(FSDP_ENGINE)  # verl's FSDP engine: the weight-sync patch's targets
+        verl_unfuse = getattr(engine, "unfuse_moe_params", None)
         install(NPU)  # npu_patch is already imported: the hooks act right away
         yield SimpleNamespace(
             hf_block=hf_block,
@@ -88,17 +112,16 @@ def npu():
 
 def test_statuses_match_the_installed_verl(npu):
     statuses = {(s.patch, s.target): s for s in patch_statuses()}
-    status = statuses[routing.PATCH.name, routing.TARGET]
+    status = statuses[routing.PATCH.name, NPU_PATCH]
     if npu.patched:
         assert status.status is Status.APPLIED, status
     else:
         assert (status.status, status.verdict) == (Status.SKIPPED, Verdict.FIXED_UPSTREAM), status
         assert npu.npu_block.forward is npu.verl_forward
-    full_sync, shard_export = sync.PATCH.targets[:2], sync.PATCH.targets[2]
-    for target in full_sync:
+    for target in (SYNC_UTILS, SYNC_ENGINE):
         status = statuses[sync.PATCH.name, target.label]
         assert status.status is (Status.APPLIED if SYNCS else Status.SKIPPED), status
-    status = statuses[sync.PATCH.name, shard_export.label]
+    status = statuses[sync.PATCH.name, SHARD_EXPORT.label]
     assert status.status is (Status.UNRECOGNIZED if SYNCS else Status.SKIPPED), status
     for status in statuses.values():  # applied here, yet this machine has no NPU: never run in a real process
         if status.status is Status.APPLIED:
@@ -190,8 +213,9 @@ def test_shard_export_sends_the_npu_layout_and_reads_unrecognized(npu):
     name = next(n for n in specs if n.endswith("layers.0.mlp.experts.gate_up_proj"))
     hf_shape = tuple(npu.states["hidden_ne_2i"][name].shape)  # transformers 5's own model
     assert tuple(specs[name].full_shape) == (hf_shape[0], hf_shape[2], hf_shape[1]) != hf_shape
-    decision = judge(sync.PATCH, sync.PATCH.targets[2], source_text(sync.CALLER))
-    assert decision.verdict is Verdict.UNRECOGNIZED and "not patched" in decision.reason, decision
+    decision = judge(sync.PATCH, SHARD_EXPORT, source_text(FSDP_ENGINE))
+    assert decision.verdict is Verdict.UNRECOGNIZED, decision
+    assert decision.shape == "shard-export-delta-checkpoint-engines-export" and "not patched" in decision.reason
 
 
 def test_weight_sync_wrapper_passes_through_what_it_does_not_read(npu):
@@ -214,13 +238,13 @@ def test_weight_sync_wrapper_passes_through_what_it_does_not_read(npu):
 @needs_sync
 def test_an_extra_parameter_of_verls_split_still_applies():
     """The probe checks what the wrapper relies on (``weights`` first, a ``model_type``), not the whole signature."""
-    source = source_text(sync.UTILS)
+    source = source_text(FSDP_UTILS)
     old = "def unfuse_moe_params(weights, model_type: str | None = None):"
     assert old in source
     edited = source.replace(old, "def unfuse_moe_params(weights, model_type: str | None = None, *, layout='packed'):")
-    assert judge(sync.PATCH, sync.PATCH.targets[0], edited).verdict is Verdict.APPLY
+    assert judge(sync.PATCH, SYNC_UTILS, edited).verdict is Verdict.APPLY
     without = source.replace(old, "def unfuse_moe_params(weights, kind: str | None = None):")
-    assert judge(sync.PATCH, sync.PATCH.targets[0], without).verdict is Verdict.UNRECOGNIZED
+    assert judge(sync.PATCH, SYNC_UTILS, without).verdict is Verdict.UNRECOGNIZED
 
 
 def test_experts_eval_is_grouped(npu):
@@ -288,3 +312,97 @@ def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
     for name, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, grads[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+BLOCK, EXPERTS = "NPUQwen3VLMoeTextSparseMoeBlock", "NPUQwen3VLMoeTextExperts"
+BLOCK_EXTRA_ARGUMENT = Variant(
+    "extra argument to the block", NPU_PATCH, in_method(BLOCK, "forward", extra_parameter("padding_mask"))
+)
+FULL = ("FSDPEngine", "get_per_tensor_param")  # the full export, which streams every parameter
+STORED_STREAM = (  # near-misses of verl 0.7/0.8's stream, its packed experts as stored
+    Variant(
+        "split by a helper of another name",
+        FSDP_ENGINE,
+        in_method(*FULL, before_return("per_tensor_param = split_experts(per_tensor_param)")),
+    ),
+    Variant("keys renamed", FSDP_ENGINE, in_method(*FULL, rename_stream_keys)),
+    Variant(
+        "unfused, with no unfuse_moe_params to wrap",
+        FSDP_ENGINE,
+        in_method(*FULL, before_return("per_tensor_param = unfuse_moe_params(per_tensor_param, 'qwen3_vl_moe')")),
+    ),
+)
+NEAR_MISSES = [
+    Shape(
+        routing.PATCH.name,
+        NPU_PATCH,
+        "verl0.8-scatters",
+        (
+            Variant("scatter not in place", NPU_PATCH, in_method(BLOCK, "forward", scatter_not_in_place)),
+            # The scatter guarded as in verl 0.7.1, with experts that read the dense matrix: the patch's case.
+            Variant(
+                "scatter under a conditional expression",
+                NPU_PATCH,
+                in_method(BLOCK, "forward", scatter_unless_training),
+            ),
+            Variant("scatter only in eval", NPU_PATCH, in_method(BLOCK, "forward", guard_scatter), APPLY),
+            BLOCK_EXTRA_ARGUMENT,
+            Variant(
+                "extra argument to the experts",
+                NPU_PATCH,
+                in_method(EXPERTS, "forward", extra_parameter("expert_mask")),
+            ),
+        ),
+    ),
+    Shape(
+        routing.PATCH.name,
+        NPU_PATCH,
+        "verl0.7.0-top-k-experts",
+        (
+            Variant(
+                "unpermuted with another weight", NPU_PATCH, in_method(EXPERTS, "forward", unpermute_with_float_weights)
+            ),
+            Variant(
+                "experts also read the dense matrix",
+                NPU_PATCH,
+                prepend_to(EXPERTS, "forward", "picked = routing_weights[batch_idx, router_indices]"),
+            ),
+            BLOCK_EXTRA_ARGUMENT,
+        ),
+    ),
+    *(Shape(sync.PATCH.name, t.label, "verl0.8-sends-as-stored", STORED_STREAM) for t in (SYNC_UTILS, SYNC_ENGINE)),
+    Shape(
+        sync.PATCH.name,
+        SHARD_EXPORT.label,
+        "verl0.8-no-shard-export",
+        (
+            Variant(
+                "another method reads the state dict",
+                FSDP_ENGINE,
+                in_class("FSDPEngine", add_method("def export_shards(self):\n    return self.module.state_dict()")),
+            ),
+            Variant(
+                "a method reads it through another function",
+                FSDP_ENGINE,
+                in_class(
+                    "FSDPEngine", add_method("def export_shards(self):\n    return get_model_state_dict(self.module)")
+                ),
+            ),
+            Variant(
+                "a shard export on another class",
+                FSDP_ENGINE,
+                in_class(
+                    "FSDPEngineWithLMHead", add_method("def get_per_tensor_param_shard(self):\n    return iter(())")
+                ),
+            ),
+            Variant(
+                "renamed full export", FSDP_ENGINE, substitute(r"def get_per_tensor_param\(", "def export_weights(")
+            ),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("patch", "target", "variant"), near_miss_cases(NEAR_MISSES))
+def test_near_miss_of_a_safe_shape_is_not_called_safe(monkeypatch, patch, target, variant):
+    check_near_miss(monkeypatch, patch, target, variant)

@@ -1,12 +1,23 @@
 """The model-patch hook in real processes: ``import verl`` loads it, transformers' import triggers it, and verl's
 ``apply_monkey_patch`` on a tiny Qwen3-VL / Qwen3-VL-MoE (and Qwen3.5 / Qwen3.5-MoE, transformers >= 5.2) leaves the
-plugin's function in effect."""
+plugin's function in effect. On transformers >= 5.9, near-misses of its interpolation through vision_utils."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.helpers import POS_EMBED_USED, TRANSFORMERS, child_json
+from tests.source_edits import (
+    APPLY,
+    Shape,
+    Variant,
+    check_near_miss,
+    near_miss_cases,
+    prepend_to,
+    replace,
+    substitute,
+)
+from verl_qwen3vl_plugin import vision_towers
 
 QWEN3_5 = TRANSFORMERS.release >= (5, 2)
 VISION_MODULES = (
@@ -47,3 +58,37 @@ def test_disabled_by_name(names):
     result = child_json("build_and_patch.py", env={"VERL_QWEN3VL_PLUGIN_DISABLE": names})
     assert {s for s, _ in result["status"].values()} == {"disabled"}
     assert not result["dense"]["ours"]
+
+
+def _uses_vision_utils(module: str) -> tuple[Variant, ...]:
+    """transformers >= 5.9's interpolation through ``vision_utils``, near-missed in ``module``."""
+    helper = "get_vision_bilinear_indices_and_weights"
+    cls = vision_towers.VISION_CLASSES[module]
+    return (
+        Variant("renamed helper", module, substitute(rf"\b{helper}\(", "get_vision_bilinear_weights(")),
+        Variant("helper as an attribute call", module, substitute(rf"(?<!\.)\b{helper}\(", f"vision_utils.{helper}(")),
+        Variant(
+            "helper from another module",
+            module,
+            replace(f"from ...vision_utils import {helper}", f"from ...vision_helpers import {helper}"),
+        ),
+        Variant("helper on another grid", module, substitute(rf"({helper}\(\s*)grid_thw", r"\1grid_thw * 2")),
+        # The patched method is called again: the patch replaces it, so it still works.
+        Variant(
+            "forward also calls the method",
+            module,
+            prepend_to(cls, "forward", "self.fast_pos_embed_interpolate(grid_thw)"),
+            APPLY,
+        ),
+    )
+
+
+NEAR_MISSES = [
+    Shape("qwen3_vl_pos_embed", module, "tf5.9-vision-utils-interpolation", _uses_vision_utils(module))
+    for module in vision_towers.VISION_CLASSES
+]
+
+
+@pytest.mark.parametrize(("patch", "target", "variant"), near_miss_cases(NEAR_MISSES))
+def test_near_miss_of_a_safe_shape_is_not_called_safe(monkeypatch, patch, target, variant):
+    check_near_miss(monkeypatch, patch, target, variant)

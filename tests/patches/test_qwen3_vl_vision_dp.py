@@ -9,13 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.helpers import child_json, judge, source_text
-from verl_qwen3vl_plugin import vision_towers
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL
 from verl_qwen3vl_plugin.patches import qwen3_vl_vision_dp as spec
 from verl_qwen3vl_plugin.registry import Verdict
 from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
 from verl_qwen3vl_plugin.selftest import qwen3_vl_vision_dp as vision_dp
 
-VERL_SOURCE = source_text(spec.VERL_MONKEY_PATCH)
+VERL_SOURCE = source_text("verl.models.transformers.monkey_patch")
 
 
 @pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
@@ -26,8 +26,7 @@ def test_installed_sources_apply(target):
     if source is None:  # Qwen3.5 on transformers < 5.2
         assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
         return
-    assert verdict is Verdict.APPLY, reason
-    assert spec.VERL_SLICER in reason
+    assert verdict is Verdict.APPLY and decision.shape == "tower-on-every-rank/slices-after-tower", reason
 
 
 @pytest.mark.parametrize(
@@ -40,31 +39,28 @@ def test_installed_sources_apply(target):
     ],
     ids=["signature", "4.57 return", "5.x return", "qwen3_5 return"],
 )
-@pytest.mark.parametrize("family", [0, 2], ids=["qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("family", [QWEN3_VL, QWEN3_5], ids=lambda f: f.model_type)
 def test_edited_vision_forward_is_unrecognized(edit, family):
-    target = spec.PATCH.targets[family]
+    target = spec.PATCH.target(family.modeling)
     source = source_text(target.module)
-    forward = source and source[source.index(f"class {vision_towers.VISION_CLASSES[target.module]}(") :]
+    forward = source and source[source.index(f"class {family.vision_class}(") :]
     if not forward or edit[0] not in forward:
         pytest.skip(f"this transformers' {target.module} has no {edit[0]!r}")
     source = source.replace(forward, forward.replace(*edit, 1))
     decision = judge(spec.PATCH, target, source)
-    verdict, reason = decision.verdict, decision.reason
-    assert verdict is Verdict.UNRECOGNIZED, reason
+    assert decision.verdict is Verdict.UNRECOGNIZED, decision.reason
 
 
-@pytest.mark.parametrize("family, prefix", [("Qwen3-VL", "Qwen3VL"), ("Qwen3.5", "Qwen3_5")])
-def test_verl_slicing_before_the_tower_is_unrecognized(family, prefix):
-    """The premise: without verl's slicing at the language model, ranks may hold different images. Each family's
-    own slicing counts: Qwen3.5's tower is not covered by verl slicing Qwen3-VL."""
-    if f"{spec.VERL_SLICER}({prefix}" not in VERL_SOURCE:
-        pytest.skip(f"this verl has no {family}")
+@pytest.mark.parametrize("family", [QWEN3_VL, QWEN3_5], ids=lambda f: f.model_type)
+def test_verl_slicing_before_the_tower_is_unrecognized(family):
+    """The premise: without verl's slicing at the language model, ranks may hold different images. Each line's own
+    slicing counts: Qwen3.5's tower is not covered by verl slicing Qwen3-VL."""
+    call = f"{spec.VERL_SLICER}({family.line_prefix}"
+    if call not in VERL_SOURCE:
+        pytest.skip(f"this verl has no {family.line}")
     assert spec.decide_verl(ast.parse(VERL_SOURCE), family).verdict is Verdict.APPLY
-    edited = VERL_SOURCE.replace(f"{spec.VERL_SLICER}({prefix}", f"print({prefix}")
-    decision = spec.decide_verl(ast.parse(edited), family)
-    assert (
-        decision.verdict is Verdict.UNRECOGNIZED and spec.VERL_SLICER in decision.reason and family in decision.reason
-    )
+    decision = spec.decide_verl(ast.parse(VERL_SOURCE.replace(call, f"print({family.line_prefix}")), family)
+    assert decision.shape == "no-slicing" and family.line in decision.reason, decision
     assert spec.decide_verl(None, family).verdict is Verdict.UNRECOGNIZED
 
 

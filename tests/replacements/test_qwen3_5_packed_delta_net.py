@@ -13,14 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import QWEN3_5, TRANSFORMERS, VERL, child_json
+from tests.helpers import QWEN3_5_SHIPPED, QWEN3_5_TRAINED, TRANSFORMERS, VERL, child_json
 from verl_qwen3vl_plugin.replacements import delta_net_varlen as varlen
 from verl_qwen3vl_plugin.replacements import qwen3_5_packed_delta_net as packed
 from verl_qwen3vl_plugin.selftest import qwen3_5_packed_delta_net as selftest
 
-HAS_QWEN3_5_TF = TRANSFORMERS.release >= (5, 2)
-needs_tf = pytest.mark.skipif(not HAS_QWEN3_5_TF, reason="transformers' Qwen3.5 (>= 5.2)")
-needs_verl = pytest.mark.skipif(not QWEN3_5, reason="Qwen3.5 needs verl >= 0.8 and transformers >= 5.2")
+needs_tf = pytest.mark.skipif(not QWEN3_5_SHIPPED, reason="transformers' Qwen3.5 (>= 5.2)")
+needs_verl = pytest.mark.skipif(not QWEN3_5_TRAINED, reason="Qwen3.5 needs verl >= 0.8 and transformers >= 5.2")
 LENGTHS = [37, 90, 1, 64, 20, 130, 0, 65]  # under, at and over one 64-token chunk, a single token, an empty sample
 
 
@@ -132,7 +131,7 @@ def test_fla_kernel_is_given_the_boundaries(monkeypatch):
 
 # Where upstream mixes packed samples (the patch off): verl 0.8 always, verl 0.9 on transformers >= 5.9 (its fallback
 # ignores cu_seqlens); verl 0.9 on <= 5.8 loops over samples, right. Measured: 0.15 / 0.47 (Qwen3.5), 0.09 / 0.21 (MoE).
-UPSTREAM_MIXES = QWEN3_5 and (VERL.release[:2] == (0, 8) or TRANSFORMERS.release >= (5, 9))
+UPSTREAM_MIXES = QWEN3_5_TRAINED and (VERL.release[:2] == (0, 8) or TRANSFORMERS.release >= (5, 9))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import QWEN3_5, VERL, child_json
+from tests.helpers import QWEN3_5_TRAINED, VERL, child_json
 
 DISABLED = {"VERL_QWEN3VL_PLUGIN_DISABLE": "qwen3_vl_moe_routing_replay"}
 # The two verl code paths replay acts on, each on its newest stack (CI time): 0.7's legacy actor, the FSDP engine.
@@ -15,7 +15,7 @@ both_paths = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module", params=["moe", *(["qwen3_5_moe"] if QWEN3_5 else [])])
+@pytest.fixture(scope="module", params=["moe", *(["qwen3_5_moe"] if QWEN3_5_TRAINED else [])])
 def single(request):
     return {"kind": request.param, **child_json("routing_replay.py", "single", request.param)}
 

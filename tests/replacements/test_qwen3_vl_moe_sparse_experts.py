@@ -25,7 +25,8 @@ from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts import (
     tiny_experts,
 )
 
-VERDICT = judge(PATCH, PATCH.targets[0], source_text(modeling_qwen3_vl_moe.__name__)).verdict
+MODULE = modeling_qwen3_vl_moe.__name__
+VERDICT = judge(PATCH, PATCH.target(MODULE), source_text(MODULE)).verdict
 pytestmark = pytest.mark.skipif(VERDICT is not Verdict.APPLY, reason="transformers 5's experts are sparse already")
 UPSTREAM = originals.original(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts, "forward")
 PATHS = {

@@ -22,20 +22,21 @@ LOG_PROB_ATOL, GRAD_RTOL = 1e-5, 1e-5
 COLLECTIVE_TIMEOUT_S, WALL_TIMEOUT_S = 10, 60
 
 
-SOURCE = source_text(spec.TARGET)
-QWEN3_5_SOURCE = source_text(spec.QWEN3_5_TARGET)  # None: verl < 0.8
+MODULES = {family: f"verl.models.transformers.{family}" for family in ("qwen3_vl", "qwen3_5")}  # the targets
+SOURCE = source_text(MODULES["qwen3_vl"])
+QWEN3_5_SOURCE = source_text(MODULES["qwen3_5"])  # None: verl < 0.8
 VIDEO_CALL = "model.visual(pixel_values_videos, grid_thw=video_grid_thw)"
 FAMILIES = ["qwen3_vl", *(["qwen3_5"] if QWEN3_5_SOURCE is not None else [])]
 KINDS = {"qwen3_vl": ["dense", "moe"], "qwen3_5": ["qwen3_5", "qwen3_5_moe"]}
 
 
-def verdict(source: str | None, target: int = 0) -> Verdict:
-    return judge(spec.PATCH, spec.PATCH.targets[target], source).verdict
+def verdict(source: str | None, family: str = "qwen3_vl") -> Verdict:
+    return judge(spec.PATCH, spec.PATCH.target(MODULES[family]), source).verdict
 
 
 def test_installed_verl_applies():
     assert verdict(SOURCE) is Verdict.APPLY
-    assert verdict(QWEN3_5_SOURCE, 1) is (Verdict.APPLY if QWEN3_5_SOURCE is not None else Verdict.NOT_USED)
+    assert verdict(QWEN3_5_SOURCE, "qwen3_5") is (Verdict.APPLY if QWEN3_5_SOURCE is not None else Verdict.NOT_USED)
 
 
 @pytest.mark.parametrize(
@@ -55,12 +56,12 @@ def test_edited_verl_is_unrecognized(family, old, new):
         old, new = '"attention_mask": attention_mask}', '"attention_mask": attention_mask, "extra": None}'
     edited = source.replace(old, new)
     assert edited != source
-    assert verdict(edited, FAMILIES.index(family)) is Verdict.UNRECOGNIZED
+    assert verdict(edited, family) is Verdict.UNRECOGNIZED
 
 
 def test_qwen3_vl_shape_in_the_qwen3_5_module_is_unrecognized():
     """Each module is judged by its own family's shape: Qwen3-VL's four outputs are not Qwen3.5's two."""
-    assert verdict(SOURCE.replace("qwen3_vl_base_forward", "qwen3_5_base_forward"), 1) is Verdict.UNRECOGNIZED
+    assert verdict(SOURCE.replace("qwen3_vl_base_forward", "qwen3_5_base_forward"), "qwen3_5") is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -80,7 +81,7 @@ def test_fsdp2_ranks_with_different_media_make_equal_calls_and_match_alone(kind)
     results = child_json("mixed_media_fsdp2.py", kind, ",".join(FSDP_CASES), "fsdp", timeout=900)
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, errors[0]
-    target = spec.QWEN3_5_TARGET if kind.startswith("qwen3_5") else spec.TARGET
+    target = MODULES["qwen3_5" if kind.startswith("qwen3_5") else "qwen3_vl"]
     for r in results:
         assert r["statuses"][f"qwen3_vl_single_vision_call {target}"] == "applied", r
         for case in FSDP_CASES:
@@ -109,5 +110,5 @@ def test_negative_control_without_the_patch_ranks_make_different_calls_and_fail(
         assert [r[case]["visual_calls_alone"] for r in alone] == [2, 1], (case, alone)
         assert all("error" in r for r in results), (case, results)  # one rank aborts, its peer loses it
     for r in single:
-        assert r["statuses"][f"qwen3_vl_single_vision_call {spec.TARGET}"] == "disabled", r
+        assert r["statuses"][f"qwen3_vl_single_vision_call {MODULES['qwen3_vl']}"] == "disabled", r
         assert r["video_vs_image"]["visual_calls_fsdp"] == 1, r

@@ -32,18 +32,16 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import DP_ACTOR, DP_CRITIC, ENGINE_UTILS, FSDP_ENGINE, SEQLEN_BALANCING
 
-BALANCING = "verl.utils.seqlen_balancing"
 GUARD = "dp_group is not None"
 KNOWN_CLAUSES = {"dist.is_initialized()", "same_micro_num_in_dp", GUARD}  # verl 0.7.0 and 0.7.1
 FUNCTION = "prepare_dynamic_batch"
 SPLITTER = "rearrange_micro_batches"
 CALLERS = {  # the legacy module -> its class and the methods that split a batch
-    "verl.workers.actor.dp_actor": ("DataParallelPPOActor", ("compute_log_prob", "update_policy")),
-    "verl.workers.critic.dp_critic": ("DataParallelPPOCritic", ("compute_values", "update_critic")),
+    DP_ACTOR: ("DataParallelPPOActor", ("compute_log_prob", "update_policy")),
+    DP_CRITIC: ("DataParallelPPOCritic", ("compute_values", "update_critic")),
 }
-ENGINE = "verl.workers.engine.fsdp.transformer_impl"
-ENGINE_UTILS = "verl.workers.engine.utils"
 
 
 def _keyword(call: ast.Call, name: str, value: str | None = None) -> bool:
@@ -83,11 +81,13 @@ def _count_syncs(split: ast.FunctionDef) -> list[ast.Call]:
 
 def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
     """verl's ``prepare_dynamic_batch`` and ``rearrange_micro_batches``, where the first hands its group on."""
-    tree = compat.tree(BALANCING)
+    tree = compat.tree(SEQLEN_BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
         return Decision(
-            Verdict.UNRECOGNIZED, "balancing-lacks-function-or-splitter", f"{BALANCING} lacks {FUNCTION} or {SPLITTER}"
+            Verdict.UNRECOGNIZED,
+            "balancing-lacks-function-or-splitter",
+            f"{SEQLEN_BALANCING} lacks {FUNCTION} or {SPLITTER}",
         )
     if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
         return Decision(
@@ -162,7 +162,7 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, cls_name)
     imported = any(
         isinstance(n, ast.ImportFrom)
-        and n.module == BALANCING
+        and n.module == SEQLEN_BALANCING
         and any(a.name == FUNCTION and not a.asname for a in n.names)
         for n in tree.body
     )
@@ -182,7 +182,7 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     if any(_passes_group(c, 2) for c in calls):
         return Decision(
             Verdict.UNRECOGNIZED,
-            "passes-dp-group",
+            "passes-dp-group-in-some-calls",
             f"{cls_name} passes dp_group to {FUNCTION} in some calls only",
         )
     if balancing.verdict is Verdict.APPLY:
@@ -196,7 +196,7 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
 
 def decide_engine() -> Decision:
     """verl >= 0.8, where the legacy modules are gone: every split of the FSDP engine must be given its DP group."""
-    engine, utils = compat.find_class(compat.tree(ENGINE), "FSDPEngine"), compat.tree(ENGINE_UTILS)
+    engine, utils = compat.find_class(compat.tree(FSDP_ENGINE), "FSDPEngine"), compat.tree(ENGINE_UTILS)
     prepare = compat.find_function(utils, "prepare_micro_batches")
     hands_on = (
         prepare is not None
@@ -244,7 +244,7 @@ PATCH = Patch(
             decide=lambda tree, module=module: decide_caller(module, tree),
             apply=_apply,
             absent=decide_engine,
-            reads=(BALANCING, ENGINE, ENGINE_UTILS),
+            reads=(SEQLEN_BALANCING, FSDP_ENGINE, ENGINE_UTILS),
         )
         for module in CALLERS
     ),

@@ -22,8 +22,8 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
-TARGET = "verl.models.transformers.npu_patch"
 BLOCK = "NPUQwen3VLMoeTextSparseMoeBlock"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
 EXPERTS_SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
@@ -131,7 +131,7 @@ PATCH = Patch(
     name="npu_qwen3_vl_moe_routing",
     title="routing weights in training, Ascend Qwen3-VL-MoE",
     group=NPU,
-    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
+    targets=(Target(module=NPU_PATCH, decide=decide, apply=_apply),),
     devices=("npu",),
     why=(
         "verl 0.7.1's Ascend Qwen3-VL-MoE block builds its dense routing matrix only in eval, while its experts "
@@ -144,5 +144,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl 0.7.1 is no longer run on Ascend.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_routing",
 )

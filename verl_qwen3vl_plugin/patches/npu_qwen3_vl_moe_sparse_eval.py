@@ -18,8 +18,8 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
-TARGET = "verl.models.transformers.npu_patch"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
 GMM = "NPUGmmFunction"
 
@@ -87,7 +87,7 @@ PATCH = Patch(
     name="npu_qwen3_vl_moe_sparse_eval",
     title="grouped eval for verl's Ascend Qwen3-VL-MoE experts",
     group=NPU,
-    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
+    targets=(Target(module=NPU_PATCH, decide=decide, apply=_apply),),
     devices=("npu",),
     why=(
         "verl's Ascend Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl computes old "
@@ -100,5 +100,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl's NPUQwen3VLMoeTextExperts.forward is grouped in eval.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_sparse_eval",
 )

@@ -35,10 +35,8 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import FSDP_ENGINE, FSDP_ENGINE_UTILS, NPU_PATCH
 
-UTILS = "verl.workers.engine.fsdp.utils"
-CALLER = "verl.workers.engine.fsdp.transformer_impl"
-NPU_PATCH = "verl.models.transformers.npu_patch"
 FUNCTION = "unfuse_moe_params"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
 ENGINE = "FSDPEngine"
@@ -150,7 +148,7 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
     method = _per_tensor_param(caller)
     if method is None:
         return Decision(
-            Verdict.UNRECOGNIZED, "no-engine-get-per-tensor-param", f"no {ENGINE}.get_per_tensor_param in {CALLER}"
+            Verdict.UNRECOGNIZED, "no-engine-get-per-tensor-param", f"no {ENGINE}.get_per_tensor_param in {FSDP_ENGINE}"
         )
     if _stream_shape(method) == "stored":
         return Decision(
@@ -168,7 +166,7 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
 def decide_utils(tree: ast.Module) -> Decision:
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return _streams_as_stored(compat.tree(CALLER))
+        return _streams_as_stored(compat.tree(FSDP_ENGINE))
     parameters = compat.parameters(func)
     if parameters[:1] != ["weights"] or "model_type" not in parameters:  # what the wrapper reads; the rest pass
         return Decision(
@@ -193,12 +191,12 @@ def decide_caller(tree: ast.Module) -> Decision:
     method = _per_tensor_param(tree)
     if method is None or _stream_shape(method) != "unfused":
         return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
-    utils = compat.tree(UTILS)
+    utils = compat.tree(FSDP_ENGINE_UTILS)
     if compat.find_function(utils, FUNCTION) is None:
         return Decision(
             Verdict.UNRECOGNIZED,
             "get-per-tensor-param-calls-function",
-            f"get_per_tensor_param calls {FUNCTION}, which {UTILS} lacks",
+            f"get_per_tensor_param calls {FUNCTION}, which {FSDP_ENGINE_UTILS} lacks",
         )
     return decide_utils(utils)
 
@@ -206,7 +204,7 @@ def decide_caller(tree: ast.Module) -> Decision:
 def decide_shard_export(tree: ast.Module) -> Decision:
     engine = compat.find_class(tree, ENGINE)
     if engine is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-engine-caller", f"no {ENGINE} in {CALLER}")
+        return Decision(Verdict.UNRECOGNIZED, "no-engine-caller", f"no {ENGINE} in {FSDP_ENGINE}")
     readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and compat.mentions(f, "state_dict")}
     unknown = sorted(readers - STATE_DICT_READERS)
     if unknown:
@@ -232,7 +230,7 @@ def decide_shard_export(tree: ast.Module) -> Decision:
 def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_weight_sync import layout_aware
 
-    if getattr(module, FUNCTION).__module__ != layout_aware.__module__:  # the caller binds utils' name: maybe ours
+    if not originals.ours(getattr(module, FUNCTION)):  # the caller binds utils' name at import: maybe ours
         originals.wrap(module, FUNCTION, layout_aware)
 
 
@@ -241,10 +239,14 @@ PATCH = Patch(
     title="Ascend Qwen3-VL-MoE experts split by their own layout in the weight sync",
     group=NPU,
     targets=(
-        Target(module=UTILS, decide=decide_utils, apply=_apply, reads=(CALLER, NPU_PATCH)),
-        Target(module=CALLER, decide=decide_caller, apply=_apply, reads=(UTILS, NPU_PATCH)),
+        Target(module=FSDP_ENGINE_UTILS, decide=decide_utils, apply=_apply, reads=(FSDP_ENGINE, NPU_PATCH)),
+        Target(module=FSDP_ENGINE, decide=decide_caller, apply=_apply, reads=(FSDP_ENGINE_UTILS, NPU_PATCH)),
         Target(
-            module=CALLER, decide=decide_shard_export, apply=None, name=f"{ENGINE}.{SHARD_EXPORT}", reads=(NPU_PATCH,)
+            module=FSDP_ENGINE,
+            decide=decide_shard_export,
+            apply=None,
+            name=f"{ENGINE}.{SHARD_EXPORT}",
+            reads=(NPU_PATCH,),
         ),
     ),
     devices=("npu",),
@@ -259,5 +261,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6896", "verl#6923"),
     remove_when="verl's NPU Qwen3-VL-MoE block stores transformers 5's expert layout, or its weight sync reads it.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe",
+    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_weight_sync",
 )

@@ -35,19 +35,16 @@ import importlib.util
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
-VERL_TARGET = "verl.models.transformers.qwen3_5"
-FUNCTION = "qwen3_5_gated_delta_net_forward"
-MONKEY_PATCH = "verl.models.transformers.monkey_patch"  # whose apply_monkey_patch installs it
+FUNCTION = "qwen3_5_gated_delta_net_forward"  # in verl's Qwen3.5 forward module; apply_monkey_patch installs it
 PARAMETERS = ["self", "hidden_states", "cache_params", "attention_mask", "cu_seqlens", "cu_seqlens_cpu"]
-# transformers module -> its class-name prefix
-FAMILIES = {
-    "transformers.models.qwen3_5.modeling_qwen3_5": "Qwen3_5",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5Moe",
-}
+# The families with gated delta-net layers
+FAMILIES = (QWEN3_5, QWEN3_5_MOE)
 FALLBACK = "torch_chunk_gated_delta_rule"
-NO_VERL_QWEN3_5 = "this verl has no Qwen3.5 forward (verl >= 0.8 trains Qwen3.5)"
+NO_VERL_QWEN3_5 = QWEN3_5.missing("verl")
 
 
 def fla_in_use() -> bool:
@@ -58,7 +55,7 @@ def fla_in_use() -> bool:
 def _fallback_takes_kwargs() -> bool | None:
     """Whether transformers' torch chunked rule takes ``**kwargs`` (>= 5.9: verl's ``cu_seqlens`` check passes and
     the boundaries are ignored); None where it cannot be read."""
-    func = compat.find_function(compat.installed(next(iter(FAMILIES))).tree, FALLBACK)
+    func = compat.find_function(compat.installed(QWEN3_5.modeling).tree, FALLBACK)
     return None if func is None else func.args.kwarg is not None
 
 
@@ -74,7 +71,7 @@ def decide_verl(tree: ast.Module) -> Decision:
         return Decision(
             Verdict.UNRECOGNIZED,
             "verl-target-has-neither-function-nor",
-            f"{VERL_TARGET} has neither {FUNCTION} nor qwen3_5_base_forward",
+            f"{QWEN3_5.verl_forward} has neither {FUNCTION} nor qwen3_5_base_forward",
         )
     helper = compat.find_function(tree, "_packed_chunk_gated_delta_rule")
     if (
@@ -127,12 +124,12 @@ def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
     return {k.arg for k in calls[0].keywords} if len(calls) == 1 else None
 
 
-def decide_transformers(tree: ast.Module, module: str) -> Decision:
-    verl = compat.installed(VERL_TARGET)
+def decide_transformers(tree: ast.Module, family: Family) -> Decision:
+    verl = compat.installed(QWEN3_5.verl_forward)
     if verl.tree is None:
         if verl.missing:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", NO_VERL_QWEN3_5)
-        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{VERL_TARGET} {verl.problem}")
+        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{QWEN3_5.verl_forward} {verl.problem}")
     if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
         compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
@@ -141,13 +138,13 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
             "verl-replaces-layer-forward",
             f"verl replaces this layer's forward with its {FUNCTION} (its own target)",
         )
-    prefix = FAMILIES[module]
+    prefix = family.prefix
     layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
     decoder = compat.find_function(compat.find_class(tree, f"{prefix}DecoderLayer"), "forward")
     if layer is None or decoder is None:
         return Decision(
             Verdict.UNRECOGNIZED,
-            "no-prefixgateddeltanet-forward-or-prefixdecoderlayer-forward",
+            "no-layer-forward",
             f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward",
         )
     keywords = _linear_attn_keywords(decoder)
@@ -160,7 +157,7 @@ def decide_transformers(tree: ast.Module, module: str) -> Decision:
     ):
         return Decision(
             Verdict.UNRECOGNIZED,
-            "prefixdecoderlayer-does-not-call-self-linear",
+            "decoder-calls-layer-otherwise",
             f"{prefix}DecoderLayer does not call self.linear_attn(hidden_states=...) without boundaries as "
             "transformers 5.2 to 5.10 do",
         )
@@ -178,8 +175,8 @@ def _apply_verl(module: ModuleType, decision: Decision) -> None:
     originals.wrap(module, FUNCTION, packed_forward)
 
 
-def _transformers_target(module: str) -> Target:
-    prefix = FAMILIES[module]
+def _transformers_target(family: Family) -> Target:
+    prefix = family.prefix
 
     def apply(imported: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.replacements.qwen3_5_packed_delta_net import boundary_decoder_forward, packed_forward
@@ -188,11 +185,11 @@ def _transformers_target(module: str) -> Target:
         originals.wrap(getattr(imported, f"{prefix}DecoderLayer"), "forward", boundary_decoder_forward)
 
     return Target(
-        module=module,
-        decide=lambda tree: decide_transformers(tree, module),
+        module=family.modeling,
+        decide=lambda tree: decide_transformers(tree, family),
         apply=apply,
-        absent=not_used_when_absent("no-qwen3.5-transformers", "this transformers has no Qwen3.5 (>= 5.2)"),
-        reads=(VERL_TARGET, MONKEY_PATCH),
+        absent=not_used_when_absent(f"no-{family.model_type}", family.missing("transformers")),
+        reads=(QWEN3_5.verl_forward, MONKEY_PATCH),
     )
 
 
@@ -202,13 +199,13 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         Target(
-            module=VERL_TARGET,
+            module=QWEN3_5.verl_forward,
             decide=decide_verl,
             apply=_apply_verl,
             absent=not_used_when_absent("no-verl-qwen3.5", NO_VERL_QWEN3_5),
-            reads=(MONKEY_PATCH, next(iter(FAMILIES))),
+            reads=(MONKEY_PATCH, QWEN3_5.modeling),
         ),
-        *(_transformers_target(module) for module in FAMILIES),
+        *(_transformers_target(family) for family in FAMILIES),
     ),
     devices=None,
     why=(

@@ -39,18 +39,18 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
+from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NPU_PATCH
 
-MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
-BLOCK, ROUTER = "Qwen3VLMoeTextSparseMoeBlock", "Qwen3VLMoeTextTopKRouter"
+BLOCK, ROUTER = f"{QWEN3_VL_MOE.prefix}TextSparseMoeBlock", f"{QWEN3_VL_MOE.prefix}TextTopKRouter"
 # Qwen3.5-MoE (transformers >= 5.2): every decoder layer, gated delta-net or full attention, has a sparse block whose
 # top-k router has Qwen3-VL-MoE's transformers 5 shape.
-QWEN3_5_MODELING, QWEN3_5_ROUTER = "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeTopKRouter"
-NPU_PATCH, NPU_BLOCK = "verl.models.transformers.npu_patch", "NPUQwen3VLMoeTextSparseMoeBlock"
-DP_ACTOR, ACTOR = "verl.workers.actor.dp_actor", "DataParallelPPOActor"
-WORKERS, WORKER = "verl.workers.fsdp_workers", "ActorRolloutRefWorker"
-ENGINE, ENGINE_BASE, ENGINE_LM = "verl.workers.engine.fsdp.transformer_impl", "FSDPEngine", "FSDPEngineWithLMHead"
+QWEN3_5_ROUTER = f"{QWEN3_5_MOE.prefix}TopKRouter"
+NPU_BLOCK = f"NPU{BLOCK}"
+ACTOR, WORKER = "DataParallelPPOActor", "ActorRolloutRefWorker"
+ENGINE_CLASS, ENGINE_LM_CLASS = "FSDPEngine", "FSDPEngineWithLMHead"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
 # The top-k routers' known shapes: transformers 5.3 returns the softmax first, 5.8 and later the logits.
@@ -151,7 +151,7 @@ def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
     if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
         return Decision(
             Verdict.NOT_USED,
-            "tf4.57-block-routes",
+            "tf4.57-no-top-k-router",
             f"no {ROUTER}: {BLOCK} routes (transformers 4.57)",
         )
     return decide_top_k_router(tree, ROUTER)
@@ -248,7 +248,7 @@ def _sets_pad_size(func: ast.FunctionDef) -> bool:
 
 
 def decide_engine(tree: ast.Module | None) -> Decision:
-    base, lm = compat.find_class(tree, ENGINE_BASE), compat.find_class(tree, ENGINE_LM)
+    base, lm = compat.find_class(tree, ENGINE_CLASS), compat.find_class(tree, ENGINE_LM_CLASS)
     batch = compat.find_function(base, "forward_backward_batch")
     inputs = compat.find_function(lm, "prepare_model_inputs")
     outputs = compat.find_function(lm, "prepare_model_outputs")
@@ -256,7 +256,7 @@ def decide_engine(tree: ast.Module | None) -> Decision:
         return Decision(
             Verdict.UNRECOGNIZED,
             "no-engine-base-forward-backward-batch",
-            f"no {ENGINE_BASE}.forward_backward_batch(self, data, loss_function, forward_only)",
+            f"no {ENGINE_CLASS}.forward_backward_batch(self, data, loss_function, forward_only)",
         )
     if (
         inputs is None
@@ -266,13 +266,13 @@ def decide_engine(tree: ast.Module | None) -> Decision:
         return Decision(
             Verdict.UNRECOGNIZED,
             "engine-lm-prepare-model-inputs-pads",
-            f"{ENGINE_LM}.prepare_model_inputs pads its tokens in an unknown way",
+            f"{ENGINE_LM_CLASS}.prepare_model_inputs pads its tokens in an unknown way",
         )
     if outputs is None or compat.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
         return Decision(
             Verdict.UNRECOGNIZED,
             "no-engine-lm-prepare-model-outputs",
-            f"no {ENGINE_LM}.prepare_model_outputs(self, output, output_args, micro_batch, ...)",
+            f"no {ENGINE_LM_CLASS}.prepare_model_outputs(self, output, output_args, micro_batch, ...)",
         )
     if not _no_upstream_replay(base, lm):
         return Decision(
@@ -297,12 +297,12 @@ def availability(verdicts: dict[str, str]) -> str:
 
     if set(verdicts.values()) == {Verdict.DISABLED.value}:
         return "not available: the patch is disabled (VERL_QWEN3VL_PLUGIN_DISABLE)"
-    if not applies & labels(MODELING, QWEN3_5_MODELING, NPU_PATCH):
+    if not applies & labels(QWEN3_VL_MOE.modeling, QWEN3_5_MOE.modeling, NPU_PATCH):
         return "not available: no Qwen3-VL-MoE or Qwen3.5-MoE router the plugin recognises on this stack"
     paths = []
-    if labels(DP_ACTOR, WORKERS) <= applies:
+    if labels(DP_ACTOR, FSDP_WORKERS) <= applies:
         paths.append(f"verl's legacy FSDP actor: {LEGACY_SWITCH}=R3 (or R2)")
-    if labels(ENGINE) <= applies:
+    if labels(FSDP_ENGINE) <= applies:
         paths.append(f"verl's FSDP engine: {ENGINE_SWITCH}=R3 (or R2)")
     if not paths:
         return "not available: neither verl's legacy FSDP actor nor its FSDP engine is recognised on this stack"
@@ -352,17 +352,17 @@ def _apply_worker(module: ModuleType, decision: Decision) -> None:
 def _apply_engine(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.routing_replay import engine
 
-    originals.wrap(getattr(module, ENGINE_BASE), "forward_backward_batch", engine.forward_backward_batch)
+    originals.wrap(getattr(module, ENGINE_CLASS), "forward_backward_batch", engine.forward_backward_batch)
     for method in ("prepare_model_inputs", "prepare_model_outputs"):
-        originals.wrap(getattr(module, ENGINE_LM), method, getattr(engine, method))
+        originals.wrap(getattr(module, ENGINE_LM_CLASS), method, getattr(engine, method))
 
 
-NO_QWEN3_VL_MOE = not_used_when_absent("no-qwen3-vl-moe", "no Qwen3-VL-MoE")
+NO_QWEN3_VL_MOE = not_used_when_absent("no-qwen3_vl_moe", QWEN3_VL_MOE.missing("transformers"))
 
 
 def legacy_gone() -> Decision:
     """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
-    engine = decide_engine(compat.tree(ENGINE))
+    engine = decide_engine(compat.tree(FSDP_ENGINE))
     if engine.verdict is not Verdict.APPLY:
         return Decision(Verdict.UNRECOGNIZED, "no-legacy-fsdp-actor", f"no legacy FSDP actor, and {engine.reason}")
     return Decision(
@@ -378,26 +378,24 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         Target(
-            module=MODELING,
+            module=QWEN3_VL_MOE.modeling,
             decide=decide_sparse_block,
             apply=_apply_sparse_block,
             absent=NO_QWEN3_VL_MOE,
             name=f"{BLOCK}.forward",
         ),
         Target(
-            module=MODELING,
+            module=QWEN3_VL_MOE.modeling,
             decide=decide_qwen3_vl_router,
             apply=_apply_router(ROUTER),
             absent=NO_QWEN3_VL_MOE,
             name=f"{ROUTER}.forward",
         ),
         Target(
-            module=QWEN3_5_MODELING,
+            module=QWEN3_5_MOE.modeling,
             decide=lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
             apply=_apply_router(QWEN3_5_ROUTER),
-            absent=not_used_when_absent(
-                "no-qwen3.5-moe", "no Qwen3.5-MoE in this transformers (it ships qwen3_5_moe from 5.2)"
-            ),
+            absent=not_used_when_absent("no-qwen3_5_moe", QWEN3_5_MOE.missing("transformers")),
             name=f"{QWEN3_5_ROUTER}.forward",
         ),
         Target(
@@ -407,16 +405,16 @@ PATCH = Patch(
             absent=not_used_when_absent("no-npu-patch", "verl has no npu_patch"),
             name=f"{NPU_BLOCK}.forward",
         ),
-        Target(module=DP_ACTOR, decide=decide_actor, apply=_apply_actor, absent=legacy_gone, reads=(ENGINE,)),
+        Target(module=DP_ACTOR, decide=decide_actor, apply=_apply_actor, absent=legacy_gone, reads=(FSDP_ENGINE,)),
         Target(
-            module=WORKERS,
+            module=FSDP_WORKERS,
             decide=decide_worker,
             apply=_apply_worker,
             absent=legacy_gone,
             name=f"{WORKER}.compute_log_prob",
-            reads=(ENGINE,),
+            reads=(FSDP_ENGINE,),
         ),
-        Target(module=ENGINE, decide=decide_engine, apply=_apply_engine),
+        Target(module=FSDP_ENGINE, decide=decide_engine, apply=_apply_engine),
     ),
     devices=None,
     why=(

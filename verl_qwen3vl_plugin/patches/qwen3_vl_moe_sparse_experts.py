@@ -21,9 +21,10 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin.families import QWEN3_VL_MOE
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
-TARGET = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
 EXPERTS = "Qwen3VLMoeTextExperts"
 SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
@@ -57,7 +58,6 @@ def _imports_decorator(tree: ast.Module) -> bool:
     )
 
 
-NPU_PATCH = "verl.models.transformers.npu_patch"
 BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
 
 
@@ -74,7 +74,7 @@ def decide(tree: ast.Module) -> Decision:
         if dense:
             return Decision(
                 Verdict.UNRECOGNIZED,
-                "tf5-experts-implementation",
+                "experts-implementation-with-dense-ops",
                 f"{EXPERTS} dispatches on experts_implementation, but calls {dense}",
             )
         return Decision(
@@ -124,7 +124,7 @@ PATCH = Patch(
     name="qwen3_vl_moe_sparse_experts",
     title="grouped Qwen3-VL-MoE experts in training and eval (transformers 4.57.x)",
     group=MODEL,
-    targets=(Target(module=TARGET, decide=decide, apply=_apply),),
+    targets=(Target(module=QWEN3_VL_MOE.modeling, decide=decide, apply=_apply),),
     devices=None,
     why=(
         "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "

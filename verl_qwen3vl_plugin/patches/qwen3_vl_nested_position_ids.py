@@ -27,10 +27,10 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.upstream import ENGINE_BASE, ENGINE_WORKERS, TENSORDICT_UTILS
 
-DEFINED_IN = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"
-CALLERS = {"verl.workers.engine_workers": "TrainingWorker", "verl.workers.engine.base": "BaseEngine"}
+CALLERS = {ENGINE_WORKERS: "TrainingWorker", ENGINE_BASE: "BaseEngine"}
 
 
 KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
@@ -47,7 +47,7 @@ def _sets_index_only(func: ast.FunctionDef) -> bool:
 
 def _imports_function(tree: ast.Module) -> bool:
     return any(
-        isinstance(n, ast.ImportFrom) and n.module == DEFINED_IN and any(a.name == FUNCTION for a in n.names)
+        isinstance(n, ast.ImportFrom) and n.module == TENSORDICT_UTILS and any(a.name == FUNCTION for a in n.names)
         for n in tree.body
     )
 
@@ -77,7 +77,7 @@ def judge_function(tree: ast.Module | None) -> Decision:
 def decider(caller: str):
     def decide(tree: ast.Module) -> Decision:
         if _imports_function(tree):
-            return judge_function(compat.installed(DEFINED_IN).tree)
+            return judge_function(compat.installed(TENSORDICT_UTILS).tree)
         if compat.find_class(tree, CALLERS[caller]) is not None and not compat.mentions(tree, FUNCTION):
             return Decision(
                 Verdict.NOT_USED,
@@ -109,7 +109,7 @@ PATCH = Patch(
             decide=decider(caller),
             apply=_apply,
             absent=not_used_when_absent("no-fsdp-engine", "this verl has no FSDP engine"),
-            reads=(DEFINED_IN,),
+            reads=(TENSORDICT_UTILS,),
         )
         for caller in CALLERS
     ),

@@ -24,12 +24,13 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals, vision_towers
+from verl_qwen3vl_plugin.families import Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 METHOD = "fast_pos_embed_interpolate"
 # transformers >= 5.9 computes the interpolation with this pure function, on grid_thw's device.
 FIXED_HELPER = "get_vision_bilinear_indices_and_weights"
-VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 
 
 def _imports_fixed_helper(tree: ast.Module) -> bool:
@@ -55,7 +56,8 @@ def _calls_fixed_helper_on_grid(forward: ast.FunctionDef) -> bool:
     )
 
 
-def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
+def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+    cls_name = family.vision_class
     cls = compat.find_class(tree, cls_name)
     forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
     if forward is None:
@@ -66,7 +68,7 @@ def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
         if method is None or compat.parameters(method) != ["self", "grid_thw"]:
             return Decision(
                 Verdict.UNRECOGNIZED,
-                "tf4.57-method-on-table-device",
+                "method-signature",
                 f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)",
             )
         return Decision(
@@ -135,7 +137,7 @@ PATCH = Patch(
     group=MODEL,
     targets=(
         *vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),
-        Target(module=VERL_MONKEY_PATCH, decide=decide_monkey_patch, apply=_wrap_apply_monkey_patch),
+        Target(module=MONKEY_PATCH, decide=decide_monkey_patch, apply=_wrap_apply_monkey_patch),
     ),
     devices=None,
     why=(

@@ -23,20 +23,17 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
-TARGET, QWEN3_5_TARGET = "verl.models.transformers.qwen3_vl", "verl.models.transformers.qwen3_5"
 FUNCTION = "_get_input_embeds"
 PARAMETERS = [
     "model", "input_ids", "attention_mask", "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
 ]  # fmt: skip
-# Per target module: the forward that calls the function, and the keys of the dict the function returns.
-FAMILIES = {
-    TARGET: (
-        "qwen3_vl_base_forward",
-        {"inputs_embeds", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds"},
-    ),
-    QWEN3_5_TARGET: ("qwen3_5_base_forward", {"inputs_embeds", "attention_mask"}),
+# Per model line (its verl forward module): the keys of the dict the function returns; Qwen3-VL's add the deepstack.
+OUTPUTS = {
+    QWEN3_VL: {"inputs_embeds", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds"},
+    QWEN3_5: {"inputs_embeds", "attention_mask"},
 }
 
 
@@ -69,11 +66,11 @@ def _returns_outputs(func: ast.FunctionDef, outputs: set[str]) -> bool:
     )
 
 
-def decide(tree: ast.Module, module: str = TARGET) -> Decision:
-    caller_name, outputs = FAMILIES[module]
+def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
+    caller_name, outputs = f"{family.model_type}_base_forward", OUTPUTS[family]
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-function-module", f"no {FUNCTION} in {module}")
+        return Decision(Verdict.UNRECOGNIZED, "no-function", f"no {FUNCTION} in {family.verl_forward}")
     if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
         return Decision(Verdict.UNRECOGNIZED, "function-not-join", f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
     caller = compat.find_function(tree, caller_name)
@@ -120,14 +117,12 @@ PATCH = Patch(
     title="one vision-tower call per micro-batch",
     group=MODEL,
     targets=(
-        Target(module=TARGET, decide=decide, apply=_applier("get_input_embeds")),
+        Target(module=QWEN3_VL.verl_forward, decide=decide, apply=_applier("get_input_embeds")),
         Target(
-            module=QWEN3_5_TARGET,
-            decide=lambda tree: decide(tree, QWEN3_5_TARGET),
+            module=QWEN3_5.verl_forward,
+            decide=lambda tree: decide(tree, QWEN3_5),
             apply=_applier("get_input_embeds_qwen3_5"),
-            absent=not_used_when_absent(
-                "no-verl-qwen3.5", "no Qwen3.5 forward in this verl (verl >= 0.8 trains Qwen3.5)"
-            ),
+            absent=not_used_when_absent("no-verl-qwen3.5", QWEN3_5.missing("verl")),
         ),
     ),
     devices=None,

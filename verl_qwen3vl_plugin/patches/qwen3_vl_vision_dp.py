@@ -17,70 +17,63 @@ from __future__ import annotations
 import ast
 
 from verl_qwen3vl_plugin import compat, originals, vision_towers
+from verl_qwen3vl_plugin.families import QWEN3_VL, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Verdict
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 SIGNATURE = ["self", "hidden_states", "grid_thw"]
 DEEPSTACK_OUTPUT, POOLING_OUTPUT = "BaseModelOutputWithDeepstackFeatures", "BaseModelOutputWithPooling"
-VERL_MONKEY_PATCH = "verl.models.transformers.monkey_patch"
 VERL_SLICER = "patch_vlm_for_ulysses_input_slicing"
 
 
-def _returns_known_output(forward: ast.FunctionDef, qwen3_5: bool) -> bool:
+def _returns_known_output(forward: ast.FunctionDef, family: Family) -> bool:
     """Qwen3-VL: the (embeddings, deepstack) pair or the deepstack output; Qwen3.5: the pooling output."""
+    deepstack = family.line == QWEN3_VL.line
     for node in ast.walk(forward):
         if isinstance(node, ast.Return) and node.value is not None:
             value = node.value
-            if not qwen3_5 and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+            if deepstack and isinstance(value, ast.Tuple) and len(value.elts) == 2:
                 return True
-            if isinstance(value, ast.Call) and compat.calls(value, POOLING_OUTPUT if qwen3_5 else DEEPSTACK_OUTPUT):
+            if isinstance(value, ast.Call) and compat.calls(value, DEEPSTACK_OUTPUT if deepstack else POOLING_OUTPUT):
                 return True
     return False
 
 
-def decide_verl(tree: ast.Module | None, family: str = "Qwen3-VL") -> Decision:
+def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
     """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
     func = compat.find_function(tree, "apply_monkey_patch") if tree is not None else None
     if func is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-apply-monkey-patch-verl-monkey", f"no apply_monkey_patch in {VERL_MONKEY_PATCH}"
-        )
-    prefix = "Qwen3_5" if family == "Qwen3.5" else "Qwen3VL"
+        return Decision(Verdict.UNRECOGNIZED, "no-apply-monkey-patch", f"no apply_monkey_patch in {MONKEY_PATCH}")
     slices = any(
-        isinstance(node, ast.Call) and compat.calls(node, VERL_SLICER) and compat.mentions(node, prefix)
+        isinstance(node, ast.Call) and compat.calls(node, VERL_SLICER) and compat.mentions(node, family.line_prefix)
         for node in ast.walk(func)
     )
     if slices:
         return Decision(
             Verdict.APPLY,
             "slices-after-tower",
-            f"verl slices {family} inputs after the vision tower ({VERL_SLICER})",
+            f"verl slices {family.line} inputs after the vision tower ({VERL_SLICER})",
         )
     return Decision(
-        Verdict.UNRECOGNIZED,
-        "verls-apply-monkey-patch-does-not",
-        f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family}",
+        Verdict.UNRECOGNIZED, "no-slicing", f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family.line}"
     )
 
 
-def decide_vision_class(cls_name: str, tree: ast.Module) -> Decision:
+def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+    cls_name = family.vision_class
     forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
     if forward is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-cls-name-forward-transformers", f"no {cls_name}.forward in this transformers"
-        )
+        return Decision(Verdict.UNRECOGNIZED, "no-forward", f"no {cls_name}.forward in this transformers")
     if compat.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
         return Decision(
             Verdict.UNRECOGNIZED,
-            "cls-name-forward-not-self-hidden",
+            "forward-signature",
             f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)",
         )
-    qwen3_5 = vision_towers.is_qwen3_5(cls_name)
-    if not _returns_known_output(forward, qwen3_5):
-        known = POOLING_OUTPUT if qwen3_5 else f"a pair or {DEEPSTACK_OUTPUT}"
-        return Decision(
-            Verdict.UNRECOGNIZED, "cls-name-forward-does-not-return", f"{cls_name}.forward does not return {known}"
-        )
-    verl = decide_verl(compat.tree(VERL_MONKEY_PATCH), "Qwen3.5" if qwen3_5 else "Qwen3-VL")
+    if not _returns_known_output(forward, family):
+        known = f"a pair or {DEEPSTACK_OUTPUT}" if family.line == QWEN3_VL.line else POOLING_OUTPUT
+        return Decision(Verdict.UNRECOGNIZED, "forward-output", f"{cls_name}.forward does not return {known}")
+    verl = decide_verl(compat.tree(MONKEY_PATCH), family)
     if verl.verdict is not Verdict.APPLY:
         return verl
     reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
@@ -97,7 +90,7 @@ PATCH = Patch(
     name="qwen3_vl_vision_dp",
     title="the vision tower split over the Ulysses group",
     group=MODEL,
-    targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class, reads=(VERL_MONKEY_PATCH,)),
+    targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class, reads=(MONKEY_PATCH,)),
     devices=None,
     why=(
         "With Ulysses sequence parallelism verl slices a VLM's sequence only at the language model, after the "

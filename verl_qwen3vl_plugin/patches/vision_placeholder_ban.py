@@ -31,13 +31,11 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
 
-UTILS = "verl.workers.rollout.vllm_rollout.utils"
-ROLLOUT = "verl.workers.rollout.vllm_rollout.vllm_rollout"
-LOGITS = {UTILS: "monkey_patch_compute_logits", ROLLOUT: "_monkey_patch_compute_logits"}
+LOGITS = {VLLM_ROLLOUT_UTILS: "monkey_patch_compute_logits", VLLM_ROLLOUT: "_monkey_patch_compute_logits"}
 # What the module defines where it patches no logits: verl 0.7.0's utils, verl >= 0.7.1's vllm_rollout.
-OTHERWISE = {UTILS: "get_vllm_max_lora_rank", ROLLOUT: "ServerAdapter"}
-AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+OTHERWISE = {VLLM_ROLLOUT_UTILS: "get_vllm_max_lora_rank", VLLM_ROLLOUT: "ServerAdapter"}
 POSITIONS = "_compute_position_ids"
 
 
@@ -53,7 +51,7 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
                 return Decision(
                     Verdict.UNRECOGNIZED, "no-name", f"no {name}, and not the module verl 0.7 to 0.9.1 ship"
                 )
-            other = UTILS if module == ROLLOUT else ROLLOUT
+            other = VLLM_ROLLOUT_UTILS if module == VLLM_ROLLOUT else VLLM_ROLLOUT
             return Decision(
                 Verdict.NOT_USED,
                 "logits-patched-in-other-module",
@@ -130,8 +128,8 @@ PATCH = Patch(
     title="no vision placeholder sampled on verl 0.7 / 0.8, and one sampled anyway refused by name",
     group=MODEL,
     targets=(
-        _logits_target(UTILS, "this verl has no vLLM worker extension"),
-        _logits_target(ROLLOUT, "this verl has no vllm_rollout"),
+        _logits_target(VLLM_ROLLOUT_UTILS, "this verl has no vLLM worker extension"),
+        _logits_target(VLLM_ROLLOUT, "this verl has no vllm_rollout"),
         Target(
             module=AGENT_LOOP,
             decide=decide_positions,

@@ -5,10 +5,12 @@ When it applies, and when it can be removed: the ``dp_actor_dynamic_batch_sync``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 
 def with_default_group(prepare: Callable) -> Callable:
+    @functools.wraps(prepare)
     def prepare_dynamic_batch(*args, **kwargs):
         """verl's ``prepare_dynamic_batch``, given the default group when the caller passes none, so that every rank
         makes as many micro-batches as the rank that needs the most. Every argument passes through as given."""
@@ -21,5 +23,4 @@ def with_default_group(prepare: Callable) -> Callable:
                 kwargs["dp_group"] = dist.group.WORLD
         return prepare(*args, **kwargs)
 
-    prepare_dynamic_batch.__wrapped__ = prepare
     return prepare_dynamic_batch

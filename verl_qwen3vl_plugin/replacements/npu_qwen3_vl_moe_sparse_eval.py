@@ -5,6 +5,7 @@ When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_sparse_eval`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,7 @@ def grouped_eval_forward(verl_forward: Callable, gmm: type[torch.autograd.Functi
     matrix the block scatters in eval on every verl.
     """
 
+    @functools.wraps(verl_forward)
     def forward(
         self: nn.Module, hidden_states: torch.Tensor, routing_weights: torch.Tensor, router_indices: torch.Tensor
     ) -> torch.Tensor:
@@ -39,5 +41,4 @@ def grouped_eval_forward(verl_forward: Callable, gmm: type[torch.autograd.Functi
             batch_size, -1, self.hidden_size
         )
 
-    forward.__wrapped__ = verl_forward
     return forward

@@ -8,6 +8,7 @@ When it applies, and when it can be removed: the ``npu_qwen3_vl_moe_weight_sync`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +45,7 @@ def layout_aware(unfuse: Callable) -> Callable:
     """
     signature = inspect.signature(unfuse)
 
+    @functools.wraps(unfuse)
     def unfuse_moe_params(weights, *args, **kwargs):
         bound = signature.bind(weights, *args, **kwargs)
         bound.apply_defaults()
@@ -52,5 +54,4 @@ def layout_aware(unfuse: Callable) -> Callable:
             weights = experts_to_transformers5_layout(weights)
         return unfuse(weights, *args, **kwargs)
 
-    unfuse_moe_params.__wrapped__ = unfuse
     return unfuse_moe_params

@@ -17,6 +17,7 @@ When it applies, and when it can be removed: the ``qwen3_vl_vision_dp`` spec (``
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from collections.abc import Callable
@@ -136,6 +137,7 @@ def _warn_fallback(reason: str) -> None:
 def vision_dp_forward(upstream: Callable) -> Callable:
     """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank."""
 
+    @functools.wraps(upstream)
     def forward(self: nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
         group, size, rank = ulysses_group()
         if group is None:
@@ -167,5 +169,4 @@ def vision_dp_forward(upstream: Callable) -> Callable:
         gathered = gather_rows(block, rows, rank, group).split(embeds.shape[-1], dim=-1)
         return _rebuild_output(local, gathered[0], list(gathered[1:]))
 
-    forward.__wrapped__ = upstream
     return forward

@@ -3,7 +3,8 @@ upstream implementations installed here. Takes seconds; needs no accelerator and
 
 Each patch's ``selftest`` module holds its checks, with their tolerances; the test suite calls the same check
 functions, on more cases. The tiny models and the CPU reference ``torch_npu`` ops live here too, so an installed
-wheel can run the self-test; they are never used in training.
+wheel can run the self-test; they are never used in training. What no self-test runs, and only the tests and
+benchmarks use, lives in ``tests/`` instead, out of the wheel.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL
 from verl_qwen3vl_plugin.selftest import Check
 
 GRIDS = [[1, 2, 2], [1, 38, 50], [3, 8, 8], [1, 2, 64], [16, 32, 32]]
@@ -16,11 +17,9 @@ GRIDS = [[1, 2, 2], [1, 38, 50], [3, 8, 8], [1, 2, 64], [16, 32, 32]]
 GRAD_RTOL = 1e-6
 
 
-# family: transformers' modeling module, and verl's module with its device-safe copy (verl >= 0.8)
-UPSTREAM = {
-    "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "verl.models.transformers.qwen3_vl"),
-    "qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5", "verl.models.transformers.qwen3_5"),
-}
+# The dense member of each model line: the MoE members share its tower (verl >= 0.8 has a device-safe copy in the
+# line's forward module)
+UPSTREAM = {family.model_type: family for family in (QWEN3_VL, QWEN3_5)}
 
 
 def references(family: str = "qwen3_vl") -> dict[str, Callable]:
@@ -30,15 +29,14 @@ def references(family: str = "qwen3_vl") -> dict[str, Callable]:
     from verl_qwen3vl_plugin.compat import tree
     from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import METHOD, decide_vision_class
     from verl_qwen3vl_plugin.registry import Verdict
-    from verl_qwen3vl_plugin.vision_towers import VISION_CLASSES
 
-    modeling, verl_module = UPSTREAM[family]
-    vision_class = VISION_CLASSES[modeling]
+    line = UPSTREAM[family]
     found = {}
-    if decide_vision_class(vision_class, tree(modeling)).verdict is Verdict.APPLY:
-        found["transformers"] = originals.original(getattr(importlib.import_module(modeling), vision_class), METHOD)
+    if decide_vision_class(line, tree(line.modeling)).verdict is Verdict.APPLY:
+        tower = getattr(importlib.import_module(line.modeling), line.vision_class)
+        found["transformers"] = originals.original(tower, METHOD)
     try:
-        found["verl"] = importlib.import_module(verl_module).fast_pos_embed_interpolate
+        found["verl"] = importlib.import_module(line.verl_forward).fast_pos_embed_interpolate
     except (ImportError, AttributeError):  # verl < 0.8: no device-safe copy, and no Qwen3.5
         pass
     return found

@@ -1,6 +1,7 @@
 """verl's Ulysses path for Qwen3-VL and Qwen3.5 on CPU ranks: the stand-ins it needs there, tiny micro-batches with
-images, and one log-prob forward through verl's own code at a given SP size. Used by the vision DP tests and
-benchmark.
+images as verl's trainer hands them over, and verl's own actor (0.7) or FSDP engine (>= 0.8) around a tiny model.
+The routing-replay, packed delta-net, single-vision-call and dynamic-batch self-tests run on these; what only the
+tests and benchmarks use (FSDP2 sharding, the log-prob forward at an SP size) is in ``tests/_child/ulysses_ranks.py``.
 
 The stand-ins replace only what cannot run on a CPU, and only in the process that calls ``install_cpu_stand_ins``:
 an exact varlen attention for transformers' ``_flash_attention_forward`` (flash_attn does not install here),
@@ -17,7 +18,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 RESPONSE = 5
@@ -74,19 +74,6 @@ def build_model(kind: str, text: dict | None = None, **vision) -> torch.nn.Modul
     model = randomize(built, seed=0)
     for config in (model.config, model.config.text_config, model.config.vision_config):
         config._attn_implementation = "flash_attention_2"  # verl's Ulysses path: served by varlen_attention
-    return model
-
-
-def shard(model: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
-    """FSDP2 over the world (CPU mesh) as verl wraps a VLM: each vision block, each decoder layer, then the root."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    options = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if offload else {}
-    for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
-        fully_shard(block, mesh=mesh, **options)
-    fully_shard(model, mesh=mesh, **options)
     return model
 
 
@@ -151,16 +138,6 @@ def micro_batch(samples: list[list[tuple]]) -> dict:
         "responses": responses,
         "multi_modal_inputs": np.array(mm, dtype=object),
     }
-
-
-def boundary_inside_image(batch: dict, size: int) -> bool:
-    """Whether one of verl's SP slice boundaries of the packed sequence falls inside an image's tokens."""
-    from verl_qwen3vl_plugin.selftest.tiny_models import IMAGE_TOKEN, VIDEO_TOKEN
-
-    packed = batch["input_ids"][batch["attention_mask"].bool()]
-    local = -(-packed.numel() // size)
-    vision = (packed == IMAGE_TOKEN) | (packed == VIDEO_TOKEN)
-    return any(bool(vision[b - 1] and vision[b]) for b in range(local, packed.numel(), local))
 
 
 def actor_for(model: torch.nn.Module, sp: int, dtype: str = "float32", **config):
@@ -241,24 +218,3 @@ def engine_forward(model: torch.nn.Module, batch: dict, sp: int) -> list[torch.T
 
     engine_for(model, sp).forward_step(engine_batch(batch), loss_function=loss_function, forward_only=False)
     return [captured["log_probs"].values(), captured["entropy"].values()]
-
-
-def log_prob_forward(model: torch.nn.Module, batch: dict, sp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Response log-probs and entropies through verl's code, with its Ulysses group set to the world when sp > 1.
-
-    verl 0.7.x: ``DataParallelPPOActor._forward_micro_batch``; verl >= 0.8 (no such actor): the engine's
-    ``forward_step`` (``engine_forward``).
-    """
-    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
-
-    set_ulysses_sequence_parallel_group(dist.group.WORLD if sp > 1 else None)
-    try:
-        try:
-            actor = actor_for(model, sp)
-        except ImportError:
-            return engine_forward(model, batch, sp)
-        out = actor._forward_micro_batch(batch, temperature=1.0, calculate_entropy=True)
-        # verl 0.7.1 returns a dict, 0.7.0 the tuple (entropy, log_probs)
-        return (out["log_probs"], out["entropys"]) if isinstance(out, dict) else out[::-1]
-    finally:
-        set_ulysses_sequence_parallel_group(None)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl_qwen3vl_plugin import originals
 from verl_qwen3vl_plugin.replacements.moe_routing import dense_block_forward, dense_routing
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
 
@@ -35,7 +36,7 @@ def _replay_aware(cls: type, replay: Callable) -> None:
             return upstream(self, hidden_states)
         return replay(self, hidden_states)
 
-    cls.forward = routes.mark(forward)
+    originals.replace(cls, "forward", routes.mark(forward))  # on the current forward: the Ascend routing fix's
     routes.register_router(cls)
 
 
