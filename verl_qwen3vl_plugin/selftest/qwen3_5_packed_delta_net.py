@@ -33,8 +33,8 @@ def upstream_layers():
     from verl_qwen3vl_plugin import originals
 
     saved = {cls: cls.forward for cls in layer_classes()}
-    for cls in saved:
-        cls.forward = originals.original(cls, "forward") or cls.forward
+    for cls, forward in saved.items():  # verl 0.9 sets the plugin's wrapper of its own function on the class
+        cls.forward = forward.__wrapped__ if originals.ours(forward) else forward
     try:
         yield
     finally:
