@@ -59,6 +59,7 @@ def _rank(rank: int, images: int, repeats: int) -> dict[str, float]:
     from ulysses_ranks import log_prob_forward
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
+    from verl_qwen3vl_plugin import originals
     from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins, micro_batch
 
     install_cpu_stand_ins()
@@ -66,7 +67,7 @@ def _rank(rank: int, images: int, repeats: int) -> dict[str, float]:
     apply_monkey_patch(model, ulysses_sp_size=2, use_remove_padding=True, use_fused_kernels=False)
     cls = type(model.model.visual)
     plugin = cls.forward
-    forwards = {"verl": plugin.__wrapped__, "plugin": plugin}
+    forwards = {"verl": originals.original(cls, "forward"), "plugin": plugin}
     grids = [GEO3K_GRIDS[i % len(GEO3K_GRIDS)] for i in range(images)]
     batch = micro_batch([[grid] for grid in grids])
     times = {name: [] for name in forwards}

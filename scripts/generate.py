@@ -163,6 +163,8 @@ def patches_doc(text: str, patches, stacks) -> str:
         if BEGIN.format(patch.name) not in text:  # a new patch: its section, to be extended by hand
             text += f"\n## `{patch.name}`: {patch.title}\n\n{BEGIN.format(patch.name)}\n{END.format(patch.name)}\n"
         text = fill(text, patch.name, patch_block(patch, stacks))
+        heading = f"## `{patch.name}`: {patch.title}"
+        text = re.sub(rf"^## `{patch.name}`.*$", lambda _, heading=heading: heading, text, count=1, flags=re.M)
     return text
 
 

@@ -15,6 +15,7 @@ Off: ``VERL_QWEN3VL_PLUGIN_AUTOLOAD=0`` (read at start-up, and again when verl i
 ``.pth`` files; there, ``VERL_USE_EXTERNAL_MODULES`` still works.
 """
 
+import _thread
 import os
 import sys
 
@@ -30,24 +31,43 @@ def enabled() -> bool:
 def after_import(name: str, callback) -> None:
     """Call ``callback(module)`` once the module ``name`` is imported: now if it already is, else right after its
     code has run. The plugin's registry watches its patches' targets through this too, so one finder serves both."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-        return
-    _waiting.setdefault(name, []).append(callback)
-    if _Finder not in sys.meta_path:
-        sys.meta_path.insert(0, _Finder)
+    with _lock:
+        module = sys.modules.get(name)
+        ready = module is not None
+        if not ready:
+            _waiting.setdefault(name, []).append(callback)
+            if _Finder not in sys.meta_path:
+                sys.meta_path.insert(0, _Finder)
+    if ready:
+        _call(callback, module)
 
 
-# Module name -> what to call once it has been imported (each callback once).
+# Module name -> what to call once it has been imported (each callback once); the lock keeps a callback from being
+# added while another thread's import hands the list out.
 _waiting: dict = {}
+_lock = _thread.RLock()
+
+
+def _call(callback, module) -> None:
+    """A callback that raises must not fail the import of its module, nor keep the others from running."""
+    try:
+        callback(module)
+    except Exception as exc:
+        import logging
+
+        logging.getLogger("verl_qwen3vl_plugin").warning(
+            "verl-qwen3vl-plugin: a callback after importing %s failed: %s: %s",
+            module.__name__,
+            type(exc).__name__,
+            exc,
+        )
 
 
 class _NotifyingLoader:
     """The module's own loader, plus the callbacks waiting for it once its code has run."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, name):
+        self._loader, self._name = loader, name
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -58,10 +78,12 @@ class _NotifyingLoader:
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self._loader  # the module sees its own loader
         self._loader.exec_module(module)
-        for callback in _waiting.pop(module.__name__, ()):
-            callback(module)
-        if not _waiting and _Finder in sys.meta_path:
-            sys.meta_path.remove(_Finder)
+        with _lock:
+            callbacks = _waiting.pop(self._name, ())
+            if not _waiting and _Finder in sys.meta_path:
+                sys.meta_path.remove(_Finder)
+        for callback in callbacks:
+            _call(callback, module)
 
 
 class _Finder:
@@ -74,7 +96,7 @@ class _Finder:
             spec = find(name, path, target) if find is not None and finder is not _Finder else None
             if spec is not None:
                 if getattr(spec.loader, "exec_module", None) is not None:
-                    spec.loader = _NotifyingLoader(spec.loader)
+                    spec.loader = _NotifyingLoader(spec.loader, name)
                 return spec
         return None
 

@@ -6,24 +6,17 @@ failing to see the affected one: each safe verdict this stack shows must have ne
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import pytest
 
+from tests import patches as test_patches
 from tests.source_edits import safe_decision, shows
 from verl_qwen3vl_plugin.patches import PATCHES
 
-# The patch test modules that hold near-misses (``NEAR_MISSES``), under tests/patches/.
-WITH_NEAR_MISSES = (
-    "test_dp_actor_dynamic_batch_sync",
-    "test_npu_qwen3_vl_moe",
-    "test_qwen3_5_packed_delta_net",
-    "test_qwen3_vl_moe_routing_replay",
-    "test_qwen3_vl_moe_sparse_experts",
-    "test_qwen3_vl_nested_position_ids",
-    "test_qwen3_vl_pos_embed",
-    "test_vision_placeholder_ban",
-)
-NEAR_MISSES = [s for name in WITH_NEAR_MISSES for s in importlib.import_module(f"tests.patches.{name}").NEAR_MISSES]
+# Every patch test module under tests/patches/ that holds near-misses (``NEAR_MISSES``): found, not listed.
+MODULES = [importlib.import_module(f"tests.patches.{m.name}") for m in pkgutil.iter_modules(test_patches.__path__)]
+NEAR_MISSES = [s for module in MODULES for s in getattr(module, "NEAR_MISSES", ())]
 SAFE_HERE = [(p, t, d) for p in PATCHES for t in p.targets if (d := safe_decision(p, t)) is not None]
 
 

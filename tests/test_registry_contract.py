@@ -1,5 +1,6 @@
-"""The registry, the patch modules, the entry points and the docs agree: adding a patch means one module, one line in
-``patches.PATCHES`` and one docs section, and this fails until all three are there."""
+"""The registry, the patch modules, the entry points and the generated files agree: a patch module must be listed in
+``patches.NAMES``, its spec complete, its probes reading only what its targets declare, and the generated index and
+docs up to date."""
 
 from __future__ import annotations
 

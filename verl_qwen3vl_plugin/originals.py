@@ -18,14 +18,19 @@ def original(owner: object, attr: str) -> object:
 
 
 def replace(owner: object, attr: str, new: object) -> None:
-    """Set ``owner.attr = new``, keeping upstream's ``owner.attr`` the first time."""
-    _kept.setdefault((owner, attr), vars(owner).get(attr))
+    """Set ``owner.attr = new``, keeping upstream's ``owner.attr`` the first time. ``owner`` must define ``attr``
+    itself: patching an inherited or missing one would install something that fails only when it runs."""
+    if attr not in vars(owner):
+        raise AttributeError(f"{owner!r} defines no {attr!r} of its own")
+    _kept.setdefault((owner, attr), vars(owner)[attr])
     _installed[owner, attr] = new
     setattr(owner, attr, new)
 
 
 def wrap(owner: object, attr: str, wrapper: Callable[[Callable], Callable]) -> None:
     """Set ``owner.attr = wrapper(upstream's owner.attr)``: built on upstream's function, however often it runs."""
+    if attr not in vars(owner):
+        raise AttributeError(f"{owner!r} defines no {attr!r} of its own")
     replace(owner, attr, wrapper(original(owner, attr)))
 
 

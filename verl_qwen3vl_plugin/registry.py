@@ -130,7 +130,10 @@ class Patch:
     dormant: Callable[[dict[str, bool]], str | None] | None = None
 
     def target(self, label: str) -> Target:
-        return next(t for t in self.targets if t.label == label)
+        found = next((t for t in self.targets if t.label == label), None)
+        if found is None:
+            raise KeyError(f"patch {self.name} has no target {label!r}")
+        return found
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 
+from verl_qwen3vl_plugin import originals
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 
 
@@ -33,7 +34,7 @@ def logs(rank):
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     cls, tower = _towers()
-    forward = vision_dp.vision_dp_forward(getattr(cls.forward, "__wrapped__", cls.forward))
+    forward = vision_dp.vision_dp_forward(originals.original(cls, "forward"))
     model, grid = tower(), torch.tensor([[1, 4, 6], [1, 2, 2]])
     set_ulysses_sequence_parallel_group(dist.group.WORLD)
     try:

@@ -97,19 +97,19 @@ def decide_verl(tree: ast.Module) -> Decision:
     if takes_kwargs is None:
         return Decision(
             Verdict.UNRECOGNIZED,
-            "transformers-qwen3.5-modeling-has-no-fallback",
+            "no-torch-fallback",
             f"transformers' Qwen3.5 modeling has no {FALLBACK}",
         )
     if takes_kwargs:
         return Decision(
             Verdict.APPLY,
-            "verl0.9-without-fla",
+            "verl0.9-tf5.9-fallback-ignores-boundaries",
             "packed samples kept apart by the plugin: without FLA verl hands transformers' torch fallback cu_seqlens, "
             "which it takes as **kwargs and ignores (transformers >= 5.9): samples would mix",
         )
     return Decision(
         Verdict.APPLY,
-        "verl0.9-without-fla",
+        "verl0.9-per-sample-loop",
         "packed samples kept apart by the plugin: without FLA verl splits them in a Python loop (right, one kernel "
         "per sample) and has no Ulysses SP; the plugin's varlen path is faster and runs SP",
     )

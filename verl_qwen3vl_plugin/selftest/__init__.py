@@ -73,7 +73,7 @@ def run() -> list[Check]:
     from verl_qwen3vl_plugin.patches import PATCHES
 
     checks = []
-    for module in dict.fromkeys(patch.selftest for patch in PATCHES):  # patches of one target share a module
+    for module in dict.fromkeys(patch.selftest for patch in PATCHES):  # a module may serve several patches
         try:
             checks += importlib.import_module(module).run()
         except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from verl_qwen3vl_plugin import originals
 from verl_qwen3vl_plugin.selftest import Check
 
 # Rows of one image pass the tower in a different batch than upstream's: fp32 rounding of the matmuls differs.
@@ -56,7 +57,7 @@ def compare(grid: list[list[int]], family: str = "qwen3_vl") -> dict:
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
     cls, tower = _towers(family)
-    upstream = getattr(cls.forward, "__wrapped__", cls.forward)
+    upstream = originals.original(cls, "forward")
     grid_thw, pixels = torch.tensor(grid), pixel_values(torch.tensor(grid))
     weights = None
     results = {}
@@ -106,7 +107,7 @@ def mismatch(rank: int) -> str:
     grid = torch.tensor(MISMATCH[rank])
     set_ulysses_sequence_parallel_group(dist.group.WORLD)
     try:
-        vision_dp_forward(getattr(cls.forward, "__wrapped__", cls.forward))(tower(), pixel_values(grid), grid)
+        vision_dp_forward(originals.original(cls, "forward"))(tower(), pixel_values(grid), grid)
     except RuntimeError as exc:
         return str(exc)
     finally:

@@ -36,7 +36,9 @@ def _replay_aware(cls: type, replay: Callable) -> None:
             return upstream(self, hidden_states)
         return replay(self, hidden_states)
 
-    originals.replace(cls, "forward", routes.mark(forward))  # on the current forward: the Ascend routing fix's
+    # Around the forward installed now. On Ascend verl 0.7.1 the routing fix may replace it later (the NPU hook runs
+    # after the model hook); its forward routes through routes.top_k, so replay still acts there.
+    originals.replace(cls, "forward", routes.mark(forward))
     routes.register_router(cls)
 
 
