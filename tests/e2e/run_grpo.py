@@ -30,25 +30,38 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import artefacts  # noqa: E402
+from e2e_cpu_shims import weights_probe  # noqa: E402  (installed in the e2e venv)
 
 RECIPE = HERE.parents[1] / "recipes" / "geo3k_qwen3vl_30b_a3b_fully_async_grpo"
-# Each mode: the Hydra arguments after the entry point, given the work folder and the number of steps.
+PPO = "verl.trainer.main_ppo"
+FULLY_ASYNC = "verl.experimental.fully_async_policy.fully_async_main"
+# Each mode: verl's entry point, and the Hydra arguments after it given the work folder and the number of steps.
 RECORD_ROUTES = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
+REPLAY_R3 = "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3"
 MODES = {
-    "r3": lambda work, steps: [*overrides(work, steps), RECORD_ROUTES,
-                               "+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3"],
+    "r3": (PPO, lambda work, steps: [*overrides(work, steps), RECORD_ROUTES, REPLAY_R3]),
     # The rollout still records its routes, so the trainer's own routes are measured against the same record.
-    "off": lambda work, steps: [*overrides(work, steps), RECORD_ROUTES],
-    "recipe": lambda work, steps: recipe_overrides(work, steps),
-}  # fmt: skip
+    "off": (PPO, lambda work, steps: [*overrides(work, steps), RECORD_ROUTES]),
+    "fully_async": (FULLY_ASYNC, lambda work, steps: fully_async_overrides(work, steps)),
+    "recipe": (FULLY_ASYNC, lambda work, steps: recipe_overrides(work, steps)),
+}
+# The other modes take --steps. verl's fully async trainer prints a step's metrics one sync late and never the last
+# step's; the first responses that cross a sync are trained in step 3, so fully_async runs 4.
+STEPS = {"recipe": 2, "fully_async": 4}
+# vLLM's seconds per model step in the fully async modes (cpu_shims.vllm_side): a response then takes longer than a
+# trainer step, as on the real run, so responses are in flight at the parameter syncs.
+DECODE_DELAY_S = 0.3
 
 
-def cpu_overrides(work: Path, steps: int) -> list[str]:
-    """What a tiny run on one CPU "device" (a Ray GPU resource, see cpu_shims.verl_side) sets, whatever the config."""
+def cpu_overrides(work: Path, steps: int, fully_async: bool = False) -> list[str]:
+    """What a tiny run on CPU "devices" (Ray GPU resources, see cpu_shims.verl_side) sets, whatever the config: one
+    device colocated (main_ppo), or one for the trainer and one for the rollout (fully_async_main, whose rollouter
+    feeds the trainer one prompt at a time: no train batch)."""
     return [
         f"data.train_files={work / 'train.parquet'}", f"data.val_files={work / 'test.parquet'}",
-        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=16",
-        "data.dataloader_num_workers=0", f"actor_rollout_ref.model.path={work / 'model'}",
+        f"data.train_batch_size={0 if fully_async else 2}", "data.max_prompt_length=256",
+        "data.max_response_length=16", "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={work / 'model'}",
         "+actor_rollout_ref.model.override_config.attn_implementation=cpu_varlen",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -60,16 +73,18 @@ def cpu_overrides(work: Path, steps: int) -> list[str]:
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64", "reward.num_workers=1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-        "+ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_cpus=16",
+        f"+ray_kwargs.ray_init.num_gpus={2 if fully_async else 1}",
+        # Ray's logical CPUs: verl's fully async trainer and rollouter actors ask for 10 each.
+        f"ray_kwargs.ray_init.num_cpus={32 if fully_async else 16}",
         "trainer.logger=[console]", "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}",
     ]  # fmt: skip
 
 
-def overrides(work: Path, steps: int) -> list[str]:
-    """The GRPO run on verl's own ppo_trainer config."""
+def grpo_overrides() -> list[str]:
+    """The GRPO run's own settings, on verl's ppo_trainer config or its fully async one."""
     return [
-        *cpu_overrides(work, steps), "algorithm.adv_estimator=grpo", "data.filter_overlong_prompts=False",
+        "algorithm.adv_estimator=grpo", "data.filter_overlong_prompts=False",
         "data.image_key=images", "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=False",
@@ -80,18 +95,46 @@ def overrides(work: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def recipe_overrides(work: Path, steps: int) -> list[str]:
-    """The recipe's single-node variant, composed as run.sh composes it (verl's fully_async_ppo_trainer config and
-    ``+recipe=``), with the tiny model, one device and no sequence parallelism. verl's fully async trainer cannot run
-    here (it syncs weights between its separate trainer and rollout devices through the nccl, hccl, nixl or mooncake
-    checkpoint engines: CUDA's cupy, torch_npu or RDMA, none on a CPU); the same config runs through main_ppo on one
-    colocated device instead (hybrid engine, verl's naive weight sync)."""
-    hydra_args = subprocess.run([sys.executable, str(RECIPE / "compose.py"), "--hydra-args"], capture_output=True,
-                                text=True, check=True).stdout.split()  # fmt: skip
+def overrides(work: Path, steps: int) -> list[str]:
+    """The colocated GRPO run on verl's own ppo_trainer config (hybrid engine, verl's naive weight sync)."""
+    return [*cpu_overrides(work, steps), *grpo_overrides()]
+
+
+def separated(steps: int) -> list[str]:
+    """Trainer and rollout on a CPU device each, weights synced after every trainer step through the test-only gloo
+    checkpoint engine (cpu_shims.checkpoint_engine); the rollouter stops after the prompts of ``steps`` steps."""
     return [
-        *hydra_args, "+recipe=geo3k_qwen3vl_4b_single_node", f"trainer.default_local_dir={work / 'ckpt'}",
-        *cpu_overrides(work, steps), "actor_rollout_ref.hybrid_engine=True",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=e2e_cpu_shims.checkpoint_engine",
+        "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=1",
+        f"rollout.total_rollout_steps={2 * steps}",  # ppo_mini_batch_size prompts a step
+    ]  # fmt: skip
+
+
+def fully_async_hydra_args() -> list[str]:
+    """verl's fully_async_ppo_trainer as the primary config, as the recipe's launchers give it."""
+    return subprocess.run([sys.executable, str(RECIPE / "compose.py"), "--hydra-args"], capture_output=True, text=True,
+                          check=True).stdout.split()  # fmt: skip
+
+
+def fully_async_overrides(work: Path, steps: int) -> list[str]:
+    """The GRPO run on verl's fully async trainer: R3, partial rollout, samples up to a step stale (so the rollouter
+    starts new responses at a sync while the trainer trains on queued ones: they are in flight at the next sync)."""
+    return [
+        *fully_async_hydra_args(), *cpu_overrides(work, steps, fully_async=True), *grpo_overrides(),
+        *separated(steps), "async_training.staleness_threshold=1", "async_training.partial_rollout=True",
+        RECORD_ROUTES, REPLAY_R3,
+    ]  # fmt: skip
+
+
+def recipe_overrides(work: Path, steps: int) -> list[str]:
+    """The recipe's single-node variant, composed as run_single_node.sh composes it (verl's fully_async_ppo_trainer
+    config and ``+recipe=``) and run through fully_async_main, as the launcher runs it; the tiny model, a CPU device
+    for the trainer and one for the rollout, no sequence parallelism, a sync after every step."""
+    return [
+        *fully_async_hydra_args(), "+recipe=geo3k_qwen3vl_4b_single_node", f"trainer.default_local_dir={work / 'ckpt'}",
+        *cpu_overrides(work, steps, fully_async=True), *separated(steps),
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
         "actor_rollout_ref.rollout.expert_parallel_size=1",
@@ -100,16 +143,17 @@ def recipe_overrides(work: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def environment(routes_file: Path, temp: str) -> dict[str, str]:
+def environment(routes_file: Path, temp: str, weights_file: Path | None = None) -> dict[str, str]:
     """A user's environment (no plugin switch) plus the test-only CPU shims; Ray's temp dir outside the virtualenv
     (nox points TMPDIR into it, and Ray's workers refuse that and hang the run)."""
+    probes = "e2e_cpu_shims.routes_probe,e2e_cpu_shims.weights_probe"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_QWEN3VL_PLUGIN", "VERL_USE_EXTERNAL"))}
     return env | {
         "TMPDIR": temp, "RAY_TMPDIR": temp,
         "VERL_PLATFORM": "cpu",  # the test-only platform below; the plugin itself comes from verl's entry points
-        "VERL_USE_EXTERNAL_MODULES": "e2e_cpu_shims.verl_side,e2e_cpu_shims.routes_probe",
+        "VERL_USE_EXTERNAL_MODULES": f"e2e_cpu_shims.verl_side,{probes}",
         "VERL_LOGGING_LEVEL": "INFO",  # the plugin's one line per patch and process
-        "E2E_ROUTES_FILE": str(routes_file),
+        "E2E_ROUTES_FILE": str(routes_file), "E2E_WEIGHTS_FILE": str(weights_file or ""),
         "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
     }  # fmt: skip
 
@@ -154,6 +198,36 @@ def parse_steps(log: str) -> list[dict[str, float]]:
     return steps
 
 
+# verl's fully async trainer: one line as each trainer step ends, with the wall-clock time.
+TRAINER_STEP = re.compile(r"\[FullyAsyncTrainer\] global_steps: \d+ local_trigger_step: .* (\d\d):(\d\d):(\d\d\.\d+)")
+
+
+def parse_fully_async(log: str) -> tuple[list[float], list[dict[str, float]]]:
+    """The fully async trainer's steps: the wall-clock second each step ended, and the training metrics verl
+    printed. verl logs a step's metrics at the parameter sync after the next step (its aggregator takes them after
+    it has logged), so the last step's never print, and its console lines for one step number come in parts."""
+    ends = [int(h) * 3600 + int(m) * 60 + float(sec) for h, m, sec in TRAINER_STEP.findall(log)]
+    merged: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        match = STEP.search(line)
+        if match:
+            merged.setdefault(int(match.group(1)), {}).update({k: float(v) for k, v in METRIC.findall(match.group(2))})
+    return ends, [merged[step] for step in sorted(merged) if "training/global_step" in merged[step]]
+
+
+def weight_syncs(weights_file: Path) -> list[float]:
+    """For each parameter sync (the n-th of the trainer's and of the rollout's records, paired), the largest
+    difference between the rollout's weights and the trainer's (weights_probe)."""
+    if not weights_file.exists():
+        return []
+    lines = [json.loads(line) for line in weights_file.read_text().splitlines() if line.strip()]
+    trainer = [line["groups"] for line in lines if line["side"] == "trainer"]
+    rollout = [line["groups"] for line in lines if line["side"] == "rollout"]
+    if len(trainer) != len(rollout):
+        return [float("inf")] * max(len(trainer), len(rollout))
+    return [weights_probe.max_difference(t, r) for t, r in zip(trainer, rollout, strict=True)]
+
+
 def plugin_processes(log: str) -> dict[str, dict[str, list[str]]]:
     """Role -> the plugin's patches by status, from each process's log lines. A line's process is the innermost
     ``(Name pid=N)`` prefix; Ray names an actor's early lines ``(pid=N)``, so a pid is mapped to the role it logs
@@ -186,38 +260,55 @@ def route_mismatch(routes_file: Path) -> tuple[float | None, int]:
 
 def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
     routes_file = work / f"routes_{mode}.jsonl"
-    routes_file.unlink(missing_ok=True)
+    weights_file = work / f"weights_{mode}.jsonl"
+    for stale in (routes_file, weights_file):
+        stale.unlink(missing_ok=True)
     memory = PeakMemory()
     memory.start()
     start = time.monotonic()
     temp = tempfile.mkdtemp(prefix="verl-e2e-", dir="/tmp")
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *MODES[mode](work, steps)]
-    # Its own session, so a timeout ends the whole tree (Ray's workers, vLLM's processes), not only the driver.
-    proc = subprocess.Popen(command, env=environment(routes_file, temp), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=work, start_new_session=True)  # fmt: skip
-    try:
-        log, code = proc.communicate(timeout=timeout)[0], proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, code = proc.communicate()[0], f"timeout after {timeout:.0f} s"
-    finally:
-        memory.done.set()
-        ray = Path(sys.executable).with_name("ray")  # what a hung run left (this session's Ray: the only one here)
-        subprocess.run([str(ray), "stop", "--force"], capture_output=True, check=False, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
-    (work / f"{mode}.log").write_text(log)
-    metrics = parse_steps(log)
+    entry, arguments = MODES[mode]
+    command = [sys.executable, "-m", entry, *arguments(work, steps)]
+    log_file = work / f"{mode}.log"
+    # Its own session, so a timeout ends the whole tree (Ray's workers, vLLM's processes), not only the driver; the
+    # log is written as the run goes, so a hung run can be read while it hangs.
+    env = environment(routes_file, temp, weights_file)
+    if entry == FULLY_ASYNC:
+        env["E2E_DECODE_DELAY_S"] = str(DECODE_DELAY_S)
+    with log_file.open("w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=work, start_new_session=True)  # fmt: skip
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = f"timeout after {timeout:.0f} s"
+        finally:
+            memory.done.set()
+            ray = Path(sys.executable).with_name("ray")  # what a hung run left (this session's Ray: the only one here)
+            subprocess.run([str(ray), "stop", "--force"], capture_output=True, check=False, timeout=120)
+            shutil.rmtree(temp, ignore_errors=True)
+    log = log_file.read_text(errors="replace")
     mismatch, pairs = route_mismatch(routes_file)
-    step_times = [m.get("timing_s/step", float("nan")) for m in metrics]
+    if MODES[mode][0] == FULLY_ASYNC:
+        ends, metrics = parse_fully_async(log)
+        steps_done, first_step = len(ends), None
+        step_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        per_step = statistics.median(step_times) if step_times else None
+    else:
+        metrics = parse_steps(log)
+        times = [m.get("timing_s/step", float("nan")) for m in metrics]
+        steps_done, first_step = len(metrics), times[0] if times else None
+        per_step = statistics.median(times[1:]) if len(times) > 1 else None
 
     def mean(key: str) -> float | None:
         values = [m[key] for m in metrics if key in m]
         return statistics.fmean(values) if values else None
 
-    return {
-        "exit": code, "steps": len(metrics), "wall_seconds": round(time.monotonic() - start, 1),
-        "first_step_seconds": step_times[0] if step_times else None,
-        "seconds_per_step": statistics.median(step_times[1:]) if len(step_times) > 1 else None,
+    result = {
+        "exit": code, "steps": steps_done, "wall_seconds": round(time.monotonic() - start, 1),
+        "first_step_seconds": first_step, "seconds_per_step": per_step,
         "peak_memory_gib": round((memory.peak - memory.base) / 2**30, 2),
         "route_mismatch": mismatch, "recorded_pairs": pairs,
         "rollout_logprob_gap": {k: mean(k) for k in ("rollout_corr/kl", "training/rollout_probs_diff_mean")},
@@ -225,17 +316,55 @@ def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
                            if "routing_replay/" in k},
         "reward": mean("critic/score/mean"), "plugin_processes": plugin_processes(log),
     }  # fmt: skip
+    if MODES[mode][0] == FULLY_ASYNC:
+        syncs = weight_syncs(weights_file)
+        result |= {
+            # the first sync is fully_async_main's before training
+            "param_syncs": max(len(syncs) - 1, 0), "weight_sync_max_diff": max(syncs) if syncs else None,
+            "partial_rollouts": int(sum(m.get("fully_async/partial/total_partial_num", 0) for m in metrics)),
+            "staleness": {
+                "stale_samples": int(max((m.get("fully_async/count/stale_trajectory_processed", 0) for m in metrics),
+                                         default=0)),
+                "max_partial_span": int(max((m.get("fully_async/partial/max_partial_span", 0) for m in metrics),
+                                            default=0)),
+            },
+        }  # fmt: skip
+    return result
 
 
 # Without replay, the trainer's own routes differ from vLLM's record on a few tokens (numerics); a record that does
 # not line up with the tokens (a shift) differs on most of them.
 OFF_MISMATCH_BOUND = 0.05
-# The trainer worker imports every target these patches act on, the agent-loop worker verl's agent loop. vLLM's
+# The trainer worker imports every target these patches act on, the agent-loop worker verl's agent loop (its class
+# is AgentLoopWorkerTQ in main_ppo's TransferQueue path, AgentLoopWorker in the fully async rollouter's). vLLM's
 # processes import verl's vLLM rollout modules, where verl 0.9.1 bans the placeholders itself (skipped there).
+TRAINER_PATCHES = ("qwen3_vl_nested_position_ids", "qwen3_vl_moe_routing_replay")
 REQUIRED = {
-    "WorkerDict": ("qwen3_vl_nested_position_ids", "qwen3_vl_moe_routing_replay"),
-    "AgentLoopWorkerTQ": ("vision_placeholder_ban",),
+    PPO: {"WorkerDict": TRAINER_PATCHES, "AgentLoopWorkerTQ": ("vision_placeholder_ban",)},
+    FULLY_ASYNC: {"WorkerDict": TRAINER_PATCHES, "AgentLoopWorker": ("vision_placeholder_ban",)},
 }
+
+
+REPLAYED = ("r3", "fully_async")  # the modes with R3 on
+MIN_PARAM_SYNCS = 2  # after fully_async_main's initial one
+# Both sides sum the same bf16 values in float64; only the order of the additions differs.
+WEIGHT_SYNC_TOLERANCE = 1e-9
+
+
+def sync_failures(mode: str, result: dict) -> list[str]:
+    """verl's fully async trainer: enough parameter syncs, each leaving the rollout with the trainer's weights; in
+    the fully_async mode, responses that crossed a sync (partial rollout)."""
+    problems = []
+    if result["param_syncs"] < MIN_PARAM_SYNCS:
+        problems.append(
+            f"{mode}: {result['param_syncs']} parameter syncs after the initial one, {MIN_PARAM_SYNCS} wanted"
+        )
+    diff = result["weight_sync_max_diff"]
+    if diff is None or diff > WEIGHT_SYNC_TOLERANCE:
+        problems.append(f"{mode}: after a sync the rollout's weights differ from the trainer's by {diff}")
+    if mode == "fully_async" and not result["partial_rollouts"]:
+        problems.append(f"{mode}: no response crossed a parameter sync: partial rollout was not exercised")
+    return problems
 
 
 def failures(results: dict, steps: dict[str, int]) -> list[str]:
@@ -244,19 +373,24 @@ def failures(results: dict, steps: dict[str, int]) -> list[str]:
         if result["exit"] != 0 or result["steps"] < steps[mode]:
             problems.append(f"{mode}: exit {result['exit']}, {result['steps']} of {steps[mode]} steps ({mode}.log)")
         roles = result["plugin_processes"]
-        for role, patches in REQUIRED.items():
+        for role, patches in REQUIRED[MODES[mode][0]].items():
             missing = sorted(set(patches) - set(roles.get(role, {}).get("applied", [])))
             if missing:
                 problems.append(f"{mode}: the {role} process logged no 'applied' line for {missing}")
         failed = {role: statuses["failed"] for role, statuses in roles.items() if "failed" in statuses}
         if failed:
             problems.append(f"{mode}: plugin patches failed: {failed}")
-        if mode in ("r3", "off") and result["route_mismatch"] is None:
+        if mode in REPLAYED + ("off",) and result["route_mismatch"] is None:
             problems.append(f"{mode}: no rollout route record reached the update")
-    if "r3" in results and results["r3"]["route_mismatch"] not in (None, 0.0):
-        problems.append(f"r3: {results['r3']['route_mismatch']:.4f} of the recorded routes differ in the update")
-    if "r3" in results and not results["r3"]["replay_metrics"]:
-        problems.append("r3: verl's metrics have no routing_replay/ figures")
+        if "param_syncs" in result:
+            problems += sync_failures(mode, result)
+    for mode in set(REPLAYED) & set(results):
+        if results[mode]["route_mismatch"] not in (None, 0.0):
+            problems.append(
+                f"{mode}: {results[mode]['route_mismatch']:.4f} of the recorded routes differ in the update"
+            )
+        if not results[mode]["replay_metrics"]:
+            problems.append(f"{mode}: verl's metrics have no routing_replay/ figures")
     off = results.get("off", {}).get("route_mismatch")
     if off is not None and off > OFF_MISMATCH_BOUND:
         problems.append(f"off: {off:.3f} of the recorded routes differ from the trainer's own: is the record aligned?")
@@ -303,6 +437,13 @@ def table(results: dict) -> str:
               ("mean reward", "reward")]  # fmt: skip
     for label, key in fields:
         rows.append((label, *(_fmt(r[key]) for r in results.values())))
+    for label, key in (
+        ("param syncs", "param_syncs"),
+        ("weight sync max diff", "weight_sync_max_diff"),
+        ("partial rollouts", "partial_rollouts"),
+    ):
+        rows.append((label, *(_fmt(r.get(key)) for r in results.values())))
+    rows.append(("stale samples", *(_fmt(r.get("staleness", {}).get("stale_samples")) for r in results.values())))
     for key in ("rollout_corr/kl", "training/rollout_probs_diff_mean"):
         rows.append((key, *(_fmt(r["rollout_logprob_gap"][key]) for r in results.values())))
     keys = sorted({k for r in results.values() for k in r["replay_metrics"]})
@@ -320,8 +461,8 @@ def _fmt(value) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per mode (the recipe runs 2)")
-    parser.add_argument("--modes", default="r3,off,recipe")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps of the r3 and off modes")
+    parser.add_argument("--modes", default="r3,off,fully_async,recipe")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mode before the run is killed")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the run did what it should")
     args = parser.parse_args(argv)
@@ -329,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     artefacts.save_model(work / "model")
     artefacts.save_data(work)  # train.parquet, test.parquet: the paths overrides() names
-    steps = {mode: 2 if mode == "recipe" else args.steps for mode in args.modes.split(",")}
+    steps = {mode: STEPS.get(mode, args.steps) for mode in args.modes.split(",")}
     results = {mode: run_mode(mode, work, steps[mode], args.timeout) for mode in steps}
     ban = {variant: placeholder_ban(work, variant) for variant in ("plugin", "verl")}
     print(table(results))
@@ -357,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         "rollout_logprob_gap": {m: r["rollout_logprob_gap"] for m, r in results.items()},
         "replay_metrics": {m: r["replay_metrics"] for m, r in results.items()},
         "placeholder_ban": ban,
+        # each mode run through verl's fully async trainer
+        "fully_async": {m: {"steps": r["steps"], "param_syncs": r["param_syncs"],
+                            "seconds_per_step": r["seconds_per_step"], "staleness": r["staleness"],
+                            "weight_sync_max_diff": r["weight_sync_max_diff"], "r3_route_mismatch": r["route_mismatch"],
+                            "partial_rollouts": r["partial_rollouts"], "plugin_processes": r["plugin_processes"]}
+                        for m, r in results.items() if "param_syncs" in r},
         "ok": not problems,
     }  # fmt: skip
     print(json.dumps(summary))

@@ -11,12 +11,17 @@ in vLLM's engine-core and worker processes before the model loads.
   ("routed expert IDs would be silently all-zero"): its capture hook sits in a router the CPU path never calls. The
   CPU path picks experts in ``cpu_fused_moe.select_experts``; the layer's capture function is handed there, so
   vLLM's own ``RoutedExpertsCapturer`` records the ids the CPU kernel actually used.
+- Decode as slowly as a real rollout (``$E2E_DECODE_DELAY_S`` seconds per model step, the fully async mode only).
+  The tiny model decodes a response in a tenth of a CPU trainer step, so the rollouter is idle at every parameter
+  sync and no response crosses one; the real run (8k-token responses) is rollout-bound. With the delay, responses
+  are in flight when verl aborts them for a sync, and partial rollout resumes them under the new weights.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import os
 
 _capture = contextvars.ContextVar("e2e_cpu_moe_capture", default=None)
 
@@ -94,6 +99,21 @@ def _capture_cpu_moe_routes() -> None:
     cpu_fused_moe.select_experts = select_capturing
 
 
+def _slow_decode(seconds: float) -> None:
+    import time
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    execute = GPUModelRunner.execute_model
+
+    @functools.wraps(execute)
+    def execute_model(self, *args, **kwargs):
+        time.sleep(seconds)
+        return execute(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model = execute_model
+
+
 def _show_plugin_lines() -> None:
     """vLLM's processes configure only vLLM's logger: give the plugin's (INFO with ``VERL_LOGGING_LEVEL=INFO``) a
     handler, so its one line per patch shows where verl is imported in them (the worker extension)."""
@@ -111,3 +131,5 @@ def register() -> None:
     if current_platform.is_cpu():
         _keep_plain_weights()
         _capture_cpu_moe_routes()
+        if float(os.environ.get("E2E_DECODE_DELAY_S", "0")) > 0:
+            _slow_decode(float(os.environ["E2E_DECODE_DELAY_S"]))
