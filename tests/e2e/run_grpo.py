@@ -46,8 +46,9 @@ MODES = {
     "recipe": (FULLY_ASYNC, lambda work, steps: recipe_overrides(work, steps)),
 }
 # The other modes take --steps. verl's fully async trainer prints a step's metrics one sync late and never the last
-# step's; the first responses that cross a sync are trained in step 3, so fully_async runs 4.
-STEPS = {"recipe": 2, "fully_async": 4}
+# step's; the first responses that cross a sync are trained in step 3 (2 to 4 of them in 3 runs), so fully_async
+# runs 5, whose steps 3 and 4 are counted.
+STEPS = {"recipe": 2, "fully_async": 5}
 # vLLM's seconds per model step in the fully async modes (cpu_shims.vllm_side): a response then takes longer than a
 # trainer step, as on the real run, so responses are in flight at the parameter syncs.
 DECODE_DELAY_S = 0.3
@@ -143,7 +144,7 @@ def recipe_overrides(work: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def environment(routes_file: Path, temp: str, weights_file: Path | None = None) -> dict[str, str]:
+def environment(routes_file: Path, temp: str) -> dict[str, str]:
     """A user's environment (no plugin switch) plus the test-only CPU shims; Ray's temp dir outside the virtualenv
     (nox points TMPDIR into it, and Ray's workers refuse that and hang the run)."""
     probes = "e2e_cpu_shims.routes_probe,e2e_cpu_shims.weights_probe"
@@ -153,7 +154,7 @@ def environment(routes_file: Path, temp: str, weights_file: Path | None = None) 
         "VERL_PLATFORM": "cpu",  # the test-only platform below; the plugin itself comes from verl's entry points
         "VERL_USE_EXTERNAL_MODULES": f"e2e_cpu_shims.verl_side,{probes}",
         "VERL_LOGGING_LEVEL": "INFO",  # the plugin's one line per patch and process
-        "E2E_ROUTES_FILE": str(routes_file), "E2E_WEIGHTS_FILE": str(weights_file or ""),
+        "E2E_ROUTES_FILE": str(routes_file),
         "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
     }  # fmt: skip
 
@@ -272,9 +273,9 @@ def run_mode(mode: str, work: Path, steps: int, timeout: float) -> dict:
     log_file = work / f"{mode}.log"
     # Its own session, so a timeout ends the whole tree (Ray's workers, vLLM's processes), not only the driver; the
     # log is written as the run goes, so a hung run can be read while it hangs.
-    env = environment(routes_file, temp, weights_file)
-    if entry == FULLY_ASYNC:
-        env["E2E_DECODE_DELAY_S"] = str(DECODE_DELAY_S)
+    env = environment(routes_file, temp)
+    if entry == FULLY_ASYNC:  # the modes with a checkpoint engine between trainer and rollout
+        env |= {"E2E_WEIGHTS_FILE": str(weights_file), "E2E_DECODE_DELAY_S": str(DECODE_DELAY_S)}
     with log_file.open("w") as out:
         proc = subprocess.Popen(command, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=work, start_new_session=True)  # fmt: skip

@@ -21,7 +21,6 @@ each sync against the trainer's.
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import pickle
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ from verl.checkpoint_engine.base import (
 from verl.utils.net_utils import get_free_port
 from verl.workers.rollout.utils import ensure_async_iterator
 
-logger = logging.getLogger(__name__)
 BACKEND = "cpu_gloo"
 TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("E2E_CHECKPOINT_ENGINE_TIMEOUT", "300")))
 
