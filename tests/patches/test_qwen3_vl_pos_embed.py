@@ -14,10 +14,10 @@ from tests.source_edits import (
     check_near_miss,
     near_miss_cases,
     prepend_to,
-    replace,
     substitute,
 )
 from verl_qwen3vl_plugin import vision_towers
+from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import FIXED_HELPERS
 
 QWEN3_5 = TRANSFORMERS.release >= (5, 2)
 VISION_MODULES = (
@@ -60,17 +60,16 @@ def test_disabled_by_name(names):
     assert not result["dense"]["ours"]
 
 
-def _uses_vision_utils(module: str) -> tuple[Variant, ...]:
-    """transformers >= 5.9's interpolation through ``vision_utils``, near-missed in ``module``."""
-    helper = "get_vision_bilinear_indices_and_weights"
+def _uses_vision_utils(module: str, helper: str) -> tuple[Variant, ...]:
+    """transformers >= 5.9's interpolation through ``vision_utils``' ``helper``, near-missed in ``module``."""
     cls = vision_towers.VISION_CLASSES[module]
     return (
-        Variant("renamed helper", module, substitute(rf"\b{helper}\(", "get_vision_bilinear_weights(")),
+        Variant("renamed helper", module, substitute(rf"\b{helper}\(", "get_vision_weights(")),
         Variant("helper as an attribute call", module, substitute(rf"(?<!\.)\b{helper}\(", f"vision_utils.{helper}(")),
         Variant(
             "helper from another module",
             module,
-            replace(f"from ...vision_utils import {helper}", f"from ...vision_helpers import {helper}"),
+            substitute(r"from \.\.\.vision_utils import", "from ...vision_helpers import"),
         ),
         Variant("helper on another grid", module, substitute(rf"({helper}\(\s*)grid_thw", r"\1grid_thw * 2")),
         # The patched method is called again: the patch replaces it, so it still works.
@@ -84,8 +83,9 @@ def _uses_vision_utils(module: str) -> tuple[Variant, ...]:
 
 
 NEAR_MISSES = [
-    Shape("qwen3_vl_pos_embed", module, "tf5.9-vision-utils-interpolation", _uses_vision_utils(module))
+    Shape("qwen3_vl_pos_embed", module, shape, _uses_vision_utils(module, helper))
     for module in vision_towers.VISION_CLASSES
+    for helper, shape in FIXED_HELPERS.items()
 ]
 
 

@@ -12,6 +12,7 @@ Known shapes (the probes' whole knowledge):
   ``(self, grid_thw)``;
 - not used, transformers >= 5.9: the module imports ``get_vision_bilinear_indices_and_weights`` from
   ``vision_utils`` and the vision ``forward`` calls it by that name on ``grid_thw`` (the method is no longer called);
+  from 5.16 the helper is ``get_vision_interpolation_indices_and_weights`` (5.18 also drops the method);
 - ``apply_monkey_patch``, any verl: wrapped. verl >= 0.8 sets its own method there, verl 0.7 does not; the wrapper is
   right either way, so there is no "not used" verdict to reach by not seeing an assignment.
 """
@@ -29,27 +30,31 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 METHOD = "fast_pos_embed_interpolate"
-# transformers >= 5.9 computes the interpolation with this pure function, on grid_thw's device.
-FIXED_HELPER = "get_vision_bilinear_indices_and_weights"
+# transformers >= 5.9 computes the interpolation with a pure function of grid_thw, on its device: the helper's name,
+# and the shape of the transformers that calls it.
+FIXED_HELPERS = {
+    "get_vision_bilinear_indices_and_weights": "tf5.9-vision-utils-interpolation",
+    "get_vision_interpolation_indices_and_weights": "tf5.16-vision-utils-interpolation",
+}
 
 
-def _imports_fixed_helper(tree: ast.Module) -> bool:
-    """``from ...vision_utils import get_vision_bilinear_indices_and_weights``, at the top of the module."""
+def _imports_helper(tree: ast.Module, helper: str) -> bool:
+    """``from ...vision_utils import <helper>``, at the top of the module."""
     return any(
         isinstance(n, ast.ImportFrom)
         and n.module == "vision_utils"
         and n.level > 0
-        and any(a.name == FIXED_HELPER and a.asname is None for a in n.names)
+        and any(a.name == helper and a.asname is None for a in n.names)
         for n in tree.body
     )
 
 
-def _calls_fixed_helper_on_grid(forward: ast.FunctionDef) -> bool:
-    """``get_vision_bilinear_indices_and_weights(grid_thw, ...)``, by its bare name."""
+def _calls_helper_on_grid(forward: ast.FunctionDef, helper: str) -> bool:
+    """``<helper>(grid_thw, ...)``, by its bare name."""
     return any(
         isinstance(n, ast.Call)
         and isinstance(n.func, ast.Name)
-        and n.func.id == FIXED_HELPER
+        and n.func.id == helper
         and n.args
         and ast.unparse(n.args[0]) == "grid_thw"
         for n in ast.walk(forward)
@@ -76,16 +81,18 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
             "tf4.57-method-on-table-device",
             f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device",
         )
-    if _imports_fixed_helper(tree) and _calls_fixed_helper_on_grid(forward):
-        return Decision(
-            Verdict.NOT_USED,
-            "tf5.9-vision-utils-interpolation",
-            f"{cls_name}.forward calls vision_utils.{FIXED_HELPER} on grid_thw (transformers >= 5.9)",
-        )
+    for helper, shape in FIXED_HELPERS.items():
+        if _imports_helper(tree, helper) and _calls_helper_on_grid(forward, helper):
+            since = shape.removeprefix("tf").split("-")[0]
+            return Decision(
+                Verdict.NOT_USED,
+                shape,
+                f"{cls_name}.forward calls vision_utils.{helper} on grid_thw (transformers >= {since})",
+            )
     return Decision(
         Verdict.UNRECOGNIZED,
         "cls-name-forward-calls-neither-method",
-        f"{cls_name}.forward calls neither {METHOD} nor {FIXED_HELPER} as known",
+        f"{cls_name}.forward calls neither {METHOD} nor a vision_utils interpolation helper as known",
     )
 
 
