@@ -52,6 +52,10 @@ def expected_verdicts(verl: tuple[int, ...], transformers: tuple[int, ...]) -> d
                 "apply" if verl[:2] == (0, 8) else "not_used",
             ),
         },
+        "qwen3_5_layer_attributes": dict.fromkeys(  # verl 0.9's own Qwen3.5 layer forwards read the old names
+            (QWEN3_5.modeling, QWEN3_5_MOE.modeling),
+            ("apply" if transformers >= (5, 13) else "fixed_upstream") if verl >= (0, 9) else "not_used",
+        ),
         "qwen3_vl_moe_routing_replay": {  # the router of this transformers; the legacy actor on 0.7, the engine on all
             "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextSparseMoeBlock.forward": "apply"
             if transformers < (5,)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 Edit = Callable[[str], str]
 Change = Callable[[ast.FunctionDef], None]
 APPLY = Verdict.APPLY
+UNRECOGNIZED = Verdict.UNRECOGNIZED
 SAFE = (Verdict.FIXED_UPSTREAM, Verdict.NOT_USED)
 
 
@@ -163,7 +164,7 @@ class Variant(NamedTuple):
     name: str
     module: str  # whose source is edited: the target's own, or one its probe reads
     edit: Edit
-    expected: Verdict = Verdict.UNRECOGNIZED  # or APPLY, where the patch provably still works on it
+    expected: Verdict = UNRECOGNIZED  # or APPLY, where the patch provably still works on it
 
 
 class Shape(NamedTuple):

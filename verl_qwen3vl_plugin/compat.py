@@ -172,6 +172,13 @@ def is_not_training(test: ast.expr) -> bool:
     )
 
 
+def called_decorator(func: ast.FunctionDef | None, name: str) -> bool:
+    """Whether ``func`` is decorated with a call of ``name`` (``@name(...)``)."""
+    return func is not None and any(
+        isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == name for d in func.decorator_list
+    )
+
+
 def has_string(node: ast.AST, value: str) -> bool:
     return any(isinstance(n, ast.Constant) and n.value == value for n in ast.walk(node))
 

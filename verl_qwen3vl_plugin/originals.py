@@ -27,6 +27,16 @@ def replace(owner: object, attr: str, new: object) -> None:
     setattr(owner, attr, new)
 
 
+def add(owner: object, attr: str, new: object) -> None:
+    """Set ``owner.attr = new`` where upstream defines none: a name upstream renamed or moved, put back for code that
+    still reads it. Its original is None; setting it again replaces the plugin's own."""
+    if attr in vars(owner) and (owner, attr) not in _installed:
+        raise AttributeError(f"{owner!r} already defines {attr!r}")
+    _kept.setdefault((owner, attr), None)
+    _installed[owner, attr] = new
+    setattr(owner, attr, new)
+
+
 def wrap(owner: object, attr: str, wrapper: Callable[[Callable], Callable]) -> None:
     """Set ``owner.attr = wrapper(upstream's owner.attr)``: built on upstream's function, however often it runs."""
     if attr not in vars(owner):

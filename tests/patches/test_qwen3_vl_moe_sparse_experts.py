@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.source_edits import Shape, Variant, check_near_miss, near_miss_cases, prepend_to, replace
+from tests.source_edits import Shape, Variant, check_near_miss, near_miss_cases, prepend_to, replace, substitute
 
 MOE = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
 DECORATED = "@use_experts_implementation\nclass Qwen3VLMoeTextExperts"
@@ -33,7 +33,7 @@ NEAR_MISSES = [
             Variant(
                 "decorator of another module",
                 MOE,
-                replace("from ...integrations import (", "from ...experts_helpers import ("),
+                substitute(r"from \.\.\.integrations import ", "from ...experts_helpers import "),
             ),
             dense_path("bmm", "torch.bmm(hidden_states, self.gate_up_proj)"),
             dense_path("matmul", "torch.matmul(hidden_states, self.gate_up_proj)"),

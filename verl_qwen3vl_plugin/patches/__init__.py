@@ -19,6 +19,7 @@ NAMES = (
     "qwen3_vl_single_vision_call",
     "qwen3_vl_vision_dp",
     "qwen3_5_packed_delta_net",
+    "qwen3_5_layer_attributes",
     "dp_actor_dynamic_batch_sync",
     "qwen3_vl_nested_position_ids",
     "qwen3_vl_moe_routing_replay",

@@ -36,6 +36,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes import DISPATCHER
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
@@ -48,8 +49,14 @@ NO_VERL_QWEN3_5 = QWEN3_5.missing("verl")
 
 
 def fla_in_use() -> bool:
-    """transformers' own condition for FLA's kernels in these layers: FLA installed and CUDA available."""
-    return importlib.util.find_spec("fla") is not None and compat.devices()["cuda"]
+    """transformers' own condition for FLA's kernels in these layers: FLA installed and CUDA available, or FLA
+    installed at all where transformers (>= 5.16) picks the kernel at import, on any device."""
+    if importlib.util.find_spec("fla") is None:
+        return False
+    at_import = compat.called_decorator(
+        compat.find_function(compat.installed(QWEN3_5.modeling).tree, FALLBACK), DISPATCHER
+    )
+    return at_import or compat.devices()["cuda"]
 
 
 def _fallback_takes_kwargs() -> bool | None:

@@ -93,6 +93,18 @@ TARGETS = (
         "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     ),
     (
+        "qwen3_5_layer_attributes",
+        "model",
+        "transformers.models.qwen3_5.modeling_qwen3_5",
+        "transformers.models.qwen3_5.modeling_qwen3_5",
+    ),
+    (
+        "qwen3_5_layer_attributes",
+        "model",
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    ),
+    (
         "dp_actor_dynamic_batch_sync",
         "model",
         "verl.workers.actor.dp_actor",

@@ -79,7 +79,8 @@ def boundary_decoder_forward(upstream: Callable) -> Callable:
 
     @functools.wraps(upstream)
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        if self.layer_type != "linear_attention" or kwargs.get("past_key_values") is not None:
+        kind = getattr(self, "layer_type", None) or self.block_type  # transformers >= 5.13 renamed it
+        if kind != "linear_attention" or kwargs.get("past_key_values") is not None:
             return upstream(self, hidden_states, *args, **kwargs)
         token = _BOUNDARIES.set(boundaries_from_positions(kwargs.get("position_ids"), hidden_states.shape[1]))
         try:

@@ -1,0 +1,162 @@
+"""Patch ``qwen3_5_layer_attributes``: verl 0.9's Qwen3.5 layer forwards run on transformers >= 5.13, which renamed
+or moved the layer attributes they read.
+
+verl 0.9 installs its own decoder-layer and gated delta-net forwards on transformers' Qwen3.5 classes. They read
+``self.layer_type`` (transformers 5.13 renamed it ``block_type`` on the decoder layer) and the delta-net's kernels as
+attributes (``self.causal_conv1d_fn``, ``self.chunk_gated_delta_rule``, ...), which transformers 5.16 turned into
+module-level functions that pick FLA or causal-conv1d at import. The first forward dies with an AttributeError, in
+every process, on every device.
+
+Targets: ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe``. The classes get
+the old names back: ``layer_type`` reads ``block_type``; each kernel attribute is what transformers' module-level
+function dispatches to (the package's kernel found at import, else transformers' torch function; for the
+convolution None, verl's sign to run its own), as transformers <= 5.15 set them.
+
+Known shapes (the probe's whole knowledge):
+- affected: verl's ``qwen3_5`` module reads one of these attributes on ``self``, and the transformers class lacks it:
+  the decoder layer's ``__init__`` sets ``self.block_type`` and no ``self.layer_type`` (>= 5.13); the delta-net's
+  ``__init__`` sets no kernel attribute and the module defines its function decorated
+  ``@use_kernel_func_from_hub_with_fallback(...)`` (>= 5.16);
+- fixed upstream: the classes set every attribute verl's module reads (transformers <= 5.12, or a verl that reads
+  the new names);
+- not used: no Qwen3.5 forward in verl (verl 0.7), or none that reads these attributes (verl 0.8).
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+
+RENAMED = {"layer_type": "block_type"}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
+KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers >= 5.16's module-level function
+    "causal_conv1d_fn": "causal_conv1d_fn",
+    "causal_conv1d_update": "causal_conv1d_update",
+    "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
+}
+DISPATCHER = "use_kernel_func_from_hub_with_fallback"
+
+
+def verl_reads(tree: ast.Module) -> set[str]:
+    """The attributes of ``RENAMED`` and ``KERNELS`` that verl's functions read on their ``self``."""
+    wanted = RENAMED.keys() | KERNELS.keys()
+    return {
+        node.attr
+        for func in ast.walk(tree)
+        if isinstance(func, ast.FunctionDef) and compat.parameters(func)[:1] == ["self"]
+        for node in ast.walk(func)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr in wanted
+    }
+
+
+def _sets(cls: ast.ClassDef | None, attr: str) -> bool:
+    init = compat.find_function(cls, "__init__")
+    return init is not None and compat.assigns_attribute(init, attr)
+
+
+def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str, str], list[str]] | str:
+    """(renamed attribute -> its new name, kernel attributes) that ``reads`` needs and the family's classes lack, or
+    why the classes are no known shape."""
+    decoder = compat.find_class(tree, f"{family.prefix}DecoderLayer")
+    delta_net = compat.find_class(tree, f"{family.prefix}GatedDeltaNet")
+    renamed = {}
+    for old, new in RENAMED.items():
+        if old not in reads or _sets(decoder, old):
+            continue
+        if not _sets(decoder, new):
+            return f"{family.prefix}DecoderLayer sets neither {old} nor {new}"
+        renamed[old] = new
+    kernels = []
+    for attr in sorted(reads & KERNELS.keys()):
+        if _sets(delta_net, attr):
+            continue
+        if not compat.called_decorator(compat.find_function(tree, KERNELS[attr]), DISPATCHER):
+            return f"{family.prefix}GatedDeltaNet sets no {attr}, and {KERNELS[attr]} is no @{DISPATCHER} function"
+        kernels.append(attr)
+    return renamed, kernels
+
+
+def decide(tree: ast.Module, family: Family) -> Decision:
+    verl = compat.installed(QWEN3_5.verl_forward)
+    if verl.tree is None:
+        if verl.missing:
+            return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", QWEN3_5.missing("verl"))
+        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{QWEN3_5.verl_forward} {verl.problem}")
+    reads = verl_reads(verl.tree)
+    if not reads:
+        return Decision(
+            Verdict.NOT_USED,
+            "verl0.8-no-layer-forwards",
+            "verl installs no Qwen3.5 layer forwards of its own (verl 0.8): transformers' run as they are",
+        )
+    found = missing(tree, family, reads)
+    if isinstance(found, str):
+        return Decision(Verdict.UNRECOGNIZED, "unknown-layer-attributes", found)
+    renamed, kernels = found
+    if not renamed and not kernels:
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "layers-set-what-verl-reads",
+            f"{family.prefix}'s layers set every attribute verl's Qwen3.5 forwards read",
+        )
+    lacks = [f"{family.prefix}DecoderLayer.{old} (now {new}, transformers >= 5.13)" for old, new in renamed.items()]
+    if kernels:
+        lacks.append(f"{family.prefix}GatedDeltaNet.{'/'.join(kernels)} (module-level, transformers >= 5.16)")
+    return Decision(
+        Verdict.APPLY,
+        "tf5.16-module-kernels" if kernels else "tf5.13-block-type",
+        f"verl's Qwen3.5 forwards read {' and '.join(lacks)}: AttributeError on the first forward",
+    )
+
+
+def _target(family: Family) -> Target:
+    def apply(module: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.replacements.qwen3_5_layer_attributes import dispatched_kernel, renamed_attribute
+
+        found = missing(compat.tree(family.modeling), family, verl_reads(compat.tree(QWEN3_5.verl_forward)))
+        renamed, kernels = found  # the decision was APPLY on this very source
+        for old, new in renamed.items():
+            originals.add(getattr(module, f"{family.prefix}DecoderLayer"), old, renamed_attribute(new))
+        for attr in kernels:
+            kernel = dispatched_kernel(getattr(module, KERNELS[attr]), none_without_package=attr == "causal_conv1d_fn")
+            originals.add(getattr(module, f"{family.prefix}GatedDeltaNet"), attr, kernel)
+
+    return Target(
+        module=family.modeling,
+        decide=lambda tree: decide(tree, family),
+        apply=apply,
+        absent=not_used_when_absent(f"no-{family.model_type}", family.missing("transformers")),
+        reads=(QWEN3_5.verl_forward,),
+    )
+
+
+PATCH = Patch(
+    name="qwen3_5_layer_attributes",
+    title="verl 0.9's Qwen3.5 layer forwards on transformers >= 5.13: the attributes they read",
+    group=MODEL,
+    targets=tuple(_target(family) for family in (QWEN3_5, QWEN3_5_MOE)),
+    devices=None,
+    why=(
+        "verl 0.9.x's Qwen3.5 decoder-layer and gated delta-net forwards read layer attributes that transformers 5.13 "
+        "renamed (layer_type is block_type) and 5.16 moved to module-level kernels (causal_conv1d_fn, "
+        "chunk_gated_delta_rule, ...): with verl's transformers pin overridden, the first Qwen3.5 forward raises "
+        "AttributeError."
+    ),
+    how=(
+        "The classes get the old names back, read-only: layer_type reads block_type, and each kernel attribute is "
+        "what transformers' module-level function dispatches to (FLA or causal-conv1d where found at import, else "
+        "transformers' torch function, or None for the convolution: verl's own), as transformers <= 5.15 set them."
+    ),
+    upstream=("verl#7471",),
+    remove_when="the verl you run with Qwen3.5 reads transformers' new names (verl#7471), or you keep transformers "
+    "below 5.13 (verl 0.9.1's pin is < 5.11).",
+    selftest="verl_qwen3vl_plugin.selftest.qwen3_5_layer_attributes",
+)
