@@ -3,7 +3,7 @@ is copied by hand:
 - ``verl_qwen3vl_plugin/patches/targets.py``, the target index the hooks read at ``import verl``;
 - in ``docs/patches.md``, each patch's Why / How / Upstream / Remove-when block and its verdict on every CI stack
   (a section is added for a patch that has none);
-- the matrix in ``docs/compatibility.md`` and the patch table in ``README.md``.
+- the matrix in ``docs/compatibility.md`` (the forward stacks too) and the patch table in ``README.md``.
 
 The CI stacks are the keys of ``STACKS`` in ``noxfile.py``; the verdicts on each, ``tests/expected_verdicts.py``
 (which the doctor test checks against the installed stack).
@@ -58,11 +58,12 @@ WORDS = {
 }
 
 
-def ci_stacks() -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """(name, verl release, transformers release) of each stack ``noxfile.py`` tests, read without importing nox."""
+def ci_stacks(name: str = "STACKS") -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """(name, verl release, transformers release) of each stack ``noxfile.py`` tests in its dict ``name`` (the CI
+    stacks, or ``FORWARD_STACKS``), read without importing nox."""
     tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
     stacks = next(
-        n.value for n in tree.body if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["STACKS"]
+        n.value for n in tree.body if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [name]
     )
     found = []
     for key in stacks.keys:
@@ -124,13 +125,14 @@ def patch_block(patch, stacks) -> str:
     )
 
 
-def matrix(patches, stacks) -> str:
+def matrix(patches, stacks, forward) -> str:
+    """One row a stack: the CI stacks, then the forward stacks (``nox -s forward``), marked."""
     header = "| verl | transformers | " + " | ".join(f"`{p.name}` ({_devices(p)})" for p in patches) + " |"
     rows = [
-        f"| {_version(verl)} | {_version(transformers)} | "
-        + " | ".join(_summary([row[i] for row in _verdicts(p, stacks).values()]) for p in patches)
+        f"| {_version(verl)} | {_version(transformers)}{' (forward)' if i >= len(stacks) else ''} | "
+        + " | ".join(_summary([row[i] for row in _verdicts(p, stacks + forward).values()]) for p in patches)
         + " |"
-        for i, (_, verl, transformers) in enumerate(stacks)
+        for i, (_, verl, transformers) in enumerate(stacks + forward)
     ]
     return "\n".join([header, "|---" * (len(patches) + 2) + "|", *rows])
 
@@ -173,7 +175,11 @@ def generated(patches) -> dict[Path, str]:
     return {
         INDEX: target_index(patches),
         PATCHES_DOC: patches_doc(PATCHES_DOC.read_text(encoding="utf-8"), patches, stacks),
-        COMPATIBILITY_DOC: fill(COMPATIBILITY_DOC.read_text(encoding="utf-8"), "matrix", matrix(patches, stacks)),
+        COMPATIBILITY_DOC: fill(
+            COMPATIBILITY_DOC.read_text(encoding="utf-8"),
+            "matrix",
+            matrix(patches, stacks, ci_stacks("FORWARD_STACKS")),
+        ),
         README: fill(README.read_text(encoding="utf-8"), "patch table", readme_table(patches, stacks)),
     }
 

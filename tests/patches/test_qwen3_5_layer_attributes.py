@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import TRANSFORMERS, VERL, judge, last_json, run_args, use_sources
-from verl_qwen3vl_plugin.families import QWEN3_5
+from tests.source_edits import Shape, Variant, append, check_near_miss, near_miss_cases, substitute
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE
 from verl_qwen3vl_plugin.patches import spec
 from verl_qwen3vl_plugin.registry import DISABLE_ENV, Verdict
 from verl_qwen3vl_plugin.replacements.qwen3_5_layer_attributes import dispatched_kernel
@@ -69,6 +70,56 @@ SHAPES = {
 }
 
 
+MODELING = (QWEN3_5.modeling, QWEN3_5_MOE.modeling)
+NEAR_MISSES = [
+    *(
+        Shape(
+            PATCH.name,
+            modeling,
+            "layers-set-what-verl-reads",
+            (
+                Variant(
+                    "the decoder layer keeps its type under a third name",
+                    modeling,
+                    substitute(r"self\.layer_type = config", "self.kind = config"),
+                ),
+                Variant(
+                    "the delta-net keeps its chunked rule under another name, with no dispatcher",
+                    modeling,
+                    substitute(r"self\.chunk_gated_delta_rule = ", "self.chunk_rule = "),
+                ),
+            ),
+        )
+        for modeling in MODELING
+    ),
+    *(
+        Shape(
+            PATCH.name,
+            modeling,
+            "verl0.8-no-layer-forwards",
+            (
+                Variant(
+                    "verl adds a decoder-layer forward that reads another attribute",
+                    QWEN3_5.verl_forward,
+                    append("def qwen3_5_decoder_layer_forward(self, hidden_states):\n    return self.kind\n"),
+                ),
+                Variant(
+                    "verl's model forward is renamed",
+                    QWEN3_5.verl_forward,
+                    substitute(r"\bdef qwen3_5_base_forward\b", "def qwen3_5_model_forward"),
+                ),
+            ),
+        )
+        for modeling in MODELING
+    ),
+]
+
+
+@pytest.mark.parametrize(("patch", "target", "variant"), near_miss_cases(NEAR_MISSES))
+def test_near_miss_of_a_safe_shape_is_not_called_safe(monkeypatch, patch, target, variant):
+    check_near_miss(monkeypatch, patch, target, variant)
+
+
 @pytest.mark.parametrize("name", SHAPES)
 def test_each_shape_gets_its_verdict(monkeypatch, name):
     source, verdict, shape = SHAPES[name]
@@ -77,11 +128,62 @@ def test_each_shape_gets_its_verdict(monkeypatch, name):
     assert (decision.verdict, decision.shape) == (verdict, shape), decision
 
 
-def test_a_verl_reading_none_of_the_names_is_not_judged_by_them(monkeypatch):
-    """verl 0.8 installs no layer forwards of its own; a verl reading transformers' new names needs nothing."""
-    use_sources(monkeypatch, {QWEN3_5.verl_forward: "def forward(self):\n    return self.block_type\n"})
+def verl_source(block_type: str = "block_type", kernel: str = "causal_conv1d_fn", resolver: str = "_delta_net_kernel"):
+    """verl's Qwen3.5 module as far as the probe reads it, in verl#7471's shape by default: the layer type and the
+    kernels looked up by name."""
+    return f"""
+def qwen3_5_base_forward(self, input_ids):
+    return input_ids
+
+def qwen3_5_decoder_layer_forward(self, hidden_states):
+    block_type = getattr(self, "{block_type}", None)
+    if block_type is None:
+        block_type = getattr(self, "layer_type", None)
+    return hidden_states
+
+def qwen3_5_gated_delta_net_forward(self, hidden_states):
+    return {resolver}(self, "{kernel}")(hidden_states)
+"""
+
+
+VERL_SHAPES = {
+    "verl 0.8: a model forward, no layer forwards": (
+        "def qwen3_5_base_forward(self, input_ids):\n    return input_ids\n",
+        Verdict.NOT_USED,
+        "verl0.8-no-layer-forwards",
+    ),
+    "verl#7471: names looked up": (verl_source(), Verdict.FIXED_UPSTREAM, "verl-resolves-layer-names"),
+    "near miss: the layer type under a third name": (
+        verl_source(block_type="kind"),
+        Verdict.UNRECOGNIZED,
+        "unknown-verl-qwen3.5",
+    ),
+    "near miss: the kernels looked up by no known name": (
+        verl_source(kernel="conv"),
+        Verdict.UNRECOGNIZED,
+        "unknown-verl-qwen3.5",
+    ),
+    "near miss: kernels from elsewhere": (
+        verl_source(resolver="fla_kernel").replace("(self, ", "("),
+        Verdict.UNRECOGNIZED,
+        "unknown-verl-qwen3.5",
+    ),
+    "near miss: a layer forward reading another attribute": (
+        "def qwen3_5_decoder_layer_forward(self):\n    return self.kind\n",
+        Verdict.UNRECOGNIZED,
+        "unknown-verl-qwen3.5",
+    ),
+    "near miss: no Qwen3.5 forward at all": ("x = 1\n", Verdict.UNRECOGNIZED, "unknown-verl-qwen3.5"),
+}
+
+
+@pytest.mark.parametrize("name", VERL_SHAPES)
+def test_each_verl_shape_that_reads_no_old_name_gets_its_verdict(monkeypatch, name):
+    """On transformers 5.16's classes, whatever verl reads is judged by verl's own shape."""
+    source, verdict, shape = VERL_SHAPES[name]
+    use_sources(monkeypatch, {QWEN3_5.verl_forward: source})
     decision = judge(PATCH, TARGET, transformers_source("block_type", False, "use_kernel_func_from_hub_with_fallback"))
-    assert decision.verdict is Verdict.NOT_USED, decision
+    assert (decision.verdict, decision.shape) == (verdict, shape), decision
 
 
 def test_a_function_that_dispatches_nothing_is_refused():

@@ -17,9 +17,11 @@ Known shapes (the probe's whole knowledge):
   the decoder layer's ``__init__`` sets ``self.block_type`` and no ``self.layer_type`` (>= 5.13); the delta-net's
   ``__init__`` sets no kernel attribute and the module defines its function decorated
   ``@use_kernel_func_from_hub_with_fallback(...)`` (>= 5.16);
-- fixed upstream: the classes set every attribute verl's module reads (transformers <= 5.12, or a verl that reads
-  the new names);
-- not used: no Qwen3.5 forward in verl (verl 0.7), or none that reads these attributes (verl 0.8).
+- fixed upstream: the classes set every attribute verl's module reads (transformers <= 5.12), or verl's layer
+  forwards look ``block_type`` and the kernels up by name (``getattr(self, "block_type", None)``,
+  ``_delta_net_kernel(self, "causal_conv1d_fn")``: verl#7471);
+- not used: no Qwen3.5 module in verl (verl 0.7), or verl 0.8's: its model forward and no layer forward of its own;
+- anything else, such as a layer forward that reads none of these attributes, is unrecognized.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
 
-RENAMED = {"layer_type": "block_type"}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
+NEW_TYPE = "block_type"
+RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
 KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers >= 5.16's module-level function
     "causal_conv1d_fn": "causal_conv1d_fn",
     "causal_conv1d_update": "causal_conv1d_update",
@@ -39,6 +42,29 @@ KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers 
     "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
 }
 DISPATCHER = "use_kernel_func_from_hub_with_fallback"
+MODEL_FORWARD = "qwen3_5_base_forward"  # verl >= 0.8's Qwen3.5 model forward, whatever its layers run
+LAYER_WORDS = ("decoder_layer", "gated_delta_net")  # in the names of verl 0.9's own layer forwards
+
+
+def layer_forwards(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The module's functions named for a Qwen3.5 layer (verl 0.9's ``qwen3_5_decoder_layer_forward``, ...)."""
+    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and any(w in n.name for w in LAYER_WORDS)]
+
+
+def resolved_names(functions: list[ast.FunctionDef]) -> set[str]:
+    """The names ``functions`` look up on their layer by string, as in ``getattr(self, "block_type", None)`` or
+    verl#7471's ``_delta_net_kernel(self, "causal_conv1d_fn")``."""
+    return {
+        call.args[1].value
+        for func in functions
+        for call in ast.walk(func)
+        if isinstance(call, ast.Call)
+        and len(call.args) >= 2
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == "self"
+        and isinstance(call.args[1], ast.Constant)
+        and isinstance(call.args[1].value, str)
+    }
 
 
 def verl_reads(tree: ast.Module) -> set[str]:
@@ -84,6 +110,30 @@ def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str
     return renamed, kernels
 
 
+def _reading_no_old_name(verl: ast.Module) -> Decision:
+    """verl's Qwen3.5 module when no function of it reads an old name on ``self``."""
+    layers = layer_forwards(verl)
+    if not layers and compat.find_function(verl, MODEL_FORWARD) is not None:
+        return Decision(
+            Verdict.NOT_USED,
+            "verl0.8-no-layer-forwards",
+            "verl installs no Qwen3.5 layer forwards of its own (verl 0.8): transformers' run as they are",
+        )
+    resolved = resolved_names(layers)
+    if NEW_TYPE in resolved and resolved & KERNELS.keys():
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "verl-resolves-layer-names",
+            f"verl's Qwen3.5 layer forwards look up {NEW_TYPE} and the delta-net kernels by name (verl#7471)",
+        )
+    return Decision(
+        Verdict.UNRECOGNIZED,
+        "unknown-verl-qwen3.5",
+        f"{QWEN3_5.verl_forward} neither reads the old layer names nor looks up {NEW_TYPE} and the kernels by name "
+        f"(verl#7471), and is not verl 0.8's ({MODEL_FORWARD} without layer forwards)",
+    )
+
+
 def decide(tree: ast.Module, family: Family) -> Decision:
     verl = compat.installed(QWEN3_5.verl_forward)
     if verl.tree is None:
@@ -92,11 +142,7 @@ def decide(tree: ast.Module, family: Family) -> Decision:
         return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{QWEN3_5.verl_forward} {verl.problem}")
     reads = verl_reads(verl.tree)
     if not reads:
-        return Decision(
-            Verdict.NOT_USED,
-            "verl0.8-no-layer-forwards",
-            "verl installs no Qwen3.5 layer forwards of its own (verl 0.8): transformers' run as they are",
-        )
+        return _reading_no_old_name(verl.tree)
     found = missing(tree, family, reads)
     if isinstance(found, str):
         return Decision(Verdict.UNRECOGNIZED, "unknown-layer-attributes", found)
