@@ -64,6 +64,19 @@ def test_verl_slicing_before_the_tower_is_unrecognized(family):
     assert spec.decide_verl(None, family).verdict is Verdict.UNRECOGNIZED
 
 
+def test_verls_own_opt_in_vision_dp_still_applies():
+    """verl#5230 adds its own vision DP to apply_monkey_patch, off by default, and keeps the slicing: the plugin
+    still applies, and steps aside at run time on a class verl's wrapper marked (the self-test's last check)."""
+    own = (
+        "\n    if vision_dp:\n        Qwen3VLVisionModel.forward = create_dp_vision_forward(Qwen3VLVisionModel.forward)"
+        "\n        Qwen3VLVisionModel._vision_dp_patched = True\n"
+    )
+    func = VERL_SOURCE.index("def apply_monkey_patch(")
+    body = VERL_SOURCE.index(":\n", VERL_SOURCE.index(")", func)) + 1
+    edited = VERL_SOURCE[:body] + own + VERL_SOURCE[body:]
+    assert spec.decide_verl(ast.parse(edited)).verdict is Verdict.APPLY
+
+
 @pytest.mark.parametrize(
     "patches, ranks, runs",
     [

@@ -104,6 +104,16 @@ def maybe_fix_3d_position_ids(data: TensorDict):
 """
 
 
+# verl#7901's shape, from its description: the function hands the batch to a normalizer defined beside it.
+VERL_7901 = """
+def normalize_3d_position_ids(data):
+    return data
+
+def maybe_fix_3d_position_ids(data):
+    normalize_3d_position_ids(data)
+"""
+
+
 @pytest.mark.parametrize(
     ("text", "verdict"),
     [
@@ -116,11 +126,17 @@ def maybe_fix_3d_position_ids(data: TensorDict):
         ),
         (VERL_BODY + "    data['x'] = 1\n", "unrecognized"),
         (VERL_BODY.replace("(data: TensorDict)", "(data, key)"), "unrecognized"),
-        ("def maybe_fix_3d_position_ids(data):\n    normalize_3d_position_ids(data)\n", "unrecognized"),
+        (VERL_7901, "fixed_upstream"),
+        (VERL_7901.replace("def normalize_3d_position_ids", "def normalize"), "unrecognized"),
+        (VERL_7901.replace("ids(data)\n", "ids(data, 1)\n"), "unrecognized"),
+        (VERL_7901 + "    data['position_ids']._ragged_idx = 2\n", "unrecognized"),
         ("def other(data):\n    pass\n", "unrecognized"),
     ],
-    ids=["verl", "other_index", "other_dim", "not_nested", "more_statements", "other_signature", "verl_7901", "absent"],
-)
+    ids=[
+        "verl", "other_index", "other_dim", "not_nested", "more_statements", "other_signature", "verl_7901",
+        "7901_normalizer_elsewhere", "7901_other_arguments", "7901_and_relabel", "absent",
+    ],
+)  # fmt: skip
 def test_probe_knows_verls_shapes(text, verdict):
     assert judge_function(parse(text).tree).verdict.value == verdict
 

@@ -64,6 +64,44 @@ def test_qwen3_vl_shape_in_the_qwen3_5_module_is_unrecognized():
     assert verdict(SOURCE.replace("qwen3_vl_base_forward", "qwen3_5_base_forward"), "qwen3_5") is Verdict.UNRECOGNIZED
 
 
+ONE_CALL = """
+def qwen3_5_base_forward(self, input_ids, attention_mask=None, pixel_values=None, pixel_values_videos=None,
+                         image_grid_thw=None, video_grid_thw=None, **kwargs):
+    return _get_input_embeds(self, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw,
+                             video_grid_thw)
+
+def _get_input_embeds(model, input_ids, attention_mask, pixel_values, pixel_values_videos, image_grid_thw,
+                      video_grid_thw):
+    inputs_embeds = model.get_input_embeddings()(input_ids)
+    pairs = ((pixel_values, image_grid_thw), (pixel_values_videos, video_grid_thw))
+    media = [(v, g) for v, g in pairs if v is not None]
+    if media:
+        TOWER
+    if pixel_values is not None:
+        inputs_embeds = inputs_embeds.masked_scatter(input_ids == 1, embeds[: len(pixel_values)])
+    if pixel_values_videos is not None:
+        inputs_embeds = inputs_embeds.masked_scatter(input_ids == 2, embeds[-len(pixel_values_videos) :])
+    if pixel_values is None and pixel_values_videos is None:
+        inputs_embeds = inputs_embeds + 0.0 * model.visual(input_ids, grid_thw=input_ids).pooler_output.mean()
+    return {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
+"""
+ONE_CALL_SHAPES = {  # verl#7323's shape, and near-misses that still call the tower once per modality or skip one
+    "joined": ("embeds = model.visual(torch.cat([v for v, _ in media]), grid_thw=torch.cat([g for _, g in media]))",
+               Verdict.FIXED_UPSTREAM),
+    "a call per modality": ("embeds = torch.cat([model.visual(v, grid_thw=g) for v, g in media])",
+                            Verdict.UNRECOGNIZED),
+    "a loop of calls": ("for v, g in media:\n            embeds = torch.cat([model.visual(v, grid_thw=g)])",
+                        Verdict.UNRECOGNIZED),
+    "the first medium only": ("embeds = model.visual(media[0][0], grid_thw=media[0][1])", Verdict.UNRECOGNIZED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ONE_CALL_SHAPES)
+def test_one_tower_call_upstream_is_fixed_and_its_near_misses_are_not(name):
+    tower, expected = ONE_CALL_SHAPES[name]
+    assert verdict(ONE_CALL.replace("TOWER", tower), "qwen3_5") is expected
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", list(vision_call.CASES))
 def test_one_call_matching_verl(family, name):

@@ -16,8 +16,9 @@ Known shapes (the probe's whole knowledge):
 - affected, verl 0.7.1 to 0.9.1: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
   whose whole body is verl's one ``if`` on a 3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
 - not used, verl 0.7.0: the caller's class (``TrainingWorker`` / ``BaseEngine``) is there and never names the function;
-- fixed: none released; verl#7901 (open) would rebuild the layout in that function. Until its final shape ships, any
-  other body is ``unrecognized``.
+- fixed, verl#7901 (open; read from its description, its diff was not to be had): the function's whole body calls
+  ``normalize_3d_position_ids(data)``, defined in ``tensordict_utils`` beside it, which rebuilds the layout. No
+  release has it. Any other body is ``unrecognized``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CALLERS = {ENGINE_WORKERS: "TrainingWorker", ENGINE_BASE: "BaseEngine"}
 
 KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
 KNOWN_BODY = "data['position_ids']._ragged_idx = 2"
+NORMALIZER = "normalize_3d_position_ids"  # verl#7901's, per its description: leaves a right layout, rebuilds others
 
 
 def _sets_index_only(func: ast.FunctionDef) -> bool:
@@ -43,6 +45,20 @@ def _sets_index_only(func: ast.FunctionDef) -> bool:
     if len(body) != 1 or not isinstance(body[0], ast.If) or body[0].orelse:
         return False
     return ast.unparse(body[0].test) == KNOWN_TEST and [ast.unparse(n) for n in body[0].body] == [KNOWN_BODY]
+
+
+def _hands_off_to_normalizer(func: ast.FunctionDef, tree: ast.Module) -> bool:
+    """verl#7901's shape: the whole body is one call of ``NORMALIZER`` on ``data``, defined beside it."""
+    body = [n for n in func.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Return)) or body[0].value is None:
+        return False
+    call = body[0].value
+    return (
+        isinstance(call, ast.Call)
+        and ast.unparse(call.func) == NORMALIZER
+        and [ast.unparse(a) for a in call.args] == ["data"]
+        and compat.find_function(tree, NORMALIZER) is not None
+    )
 
 
 def _imports_function(tree: ast.Module) -> bool:
@@ -66,6 +82,12 @@ def judge_function(tree: ast.Module | None) -> Decision:
             Verdict.APPLY,
             "verl0.7.1-relabels-ragged-index",
             f"{FUNCTION} only sets _ragged_idx = 2: equal-length samples arrive rope-packed and stay wrong",
+        )
+    if _hands_off_to_normalizer(func, tree):
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "verl7901-normalizes-layout",
+            f"{FUNCTION} hands the batch to tensordict_utils' {NORMALIZER}, which rebuilds the layout (verl#7901)",
         )
     return Decision(
         Verdict.UNRECOGNIZED,

@@ -13,7 +13,8 @@ Known shapes (the probe's whole knowledge):
   call under ``if pixel_values is not None``, one under ``if pixel_values_videos is not None`` and the text-only
   dummy (three in all), returning the dict of ``inputs_embeds``, ``attention_mask``, and for Qwen3-VL
   ``visual_pos_masks`` and ``deepstack_visual_embeds``;
-- fixed: no upstream release has one yet, so any other shape is ``unrecognized``.
+- fixed, verl#7323 (open): the same function, its one tower call outside any loop on images and videos joined by
+  ``torch.cat`` (the text-only dummy aside); no release has it yet. Any other shape is ``unrecognized``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def _branch(func: ast.FunctionDef, name: str) -> ast.If | None:
     return None
 
 
+LOOPS = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _joins_media_in_one_call(func: ast.FunctionDef) -> bool:
+    """verl#7323's shape: besides the text-only dummy, one tower call, in no loop, on media joined by ``torch.cat``."""
+    dummy = "pixel_values is None and pixel_values_videos is None"
+    calling = [n for n in func.body if _tower_calls(n) and not (isinstance(n, ast.If) and ast.unparse(n.test) == dummy)]
+    return (
+        len(calling) == 1
+        and not any(isinstance(n, LOOPS) and _tower_calls(n) for n in ast.walk(func))
+        and any(ast.unparse(call.func) == "torch.cat" for call in compat.call_nodes(calling[0], "cat"))
+    )
+
+
 def _returns_outputs(func: ast.FunctionDef, outputs: set[str]) -> bool:
     returns = [n.value for n in ast.walk(func) if isinstance(n, ast.Return)]
     return (
@@ -95,6 +110,12 @@ def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
             Verdict.APPLY,
             "verl0.7-two-tower-calls",
             f"{FUNCTION} calls the tower for images and again for videos: two calls on a mixed batch",
+        )
+    if calls == (0, 0, 2) and _joins_media_in_one_call(func):
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "verl7323-one-tower-call",
+            f"{FUNCTION} joins images and videos with torch.cat into one tower call (verl#7323)",
         )
     return Decision(
         Verdict.UNRECOGNIZED,

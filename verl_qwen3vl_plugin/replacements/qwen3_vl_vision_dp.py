@@ -28,6 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 logger = logging.getLogger(__name__)
+# Set on a vision class by verl#5230's apply_monkey_patch once it wrapped the forward with its own vision DP.
+VERL_VISION_DP_MARK = "_vision_dp_patched"
 
 
 def assign(patches: list[int], ranks: int) -> list[tuple[int, int]]:
@@ -135,12 +137,14 @@ def _warn_fallback(reason: str) -> None:
 
 
 def vision_dp_forward(upstream: Callable) -> Callable:
-    """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank."""
+    """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank, and
+    passes straight through on a class that verl's own vision DP wrapped (``VERL_VISION_DP_MARK``): that wrapper
+    already hands each rank its share, which a second split would refuse as ranks holding different images."""
 
     @functools.wraps(upstream)
     def forward(self: nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
         group, size, rank = ulysses_group()
-        if group is None:
+        if group is None or getattr(type(self), VERL_VISION_DP_MARK, False):
             return upstream(self, hidden_states, grid_thw, **kwargs)
         if kwargs:  # per-image precomputed tables (transformers 5) that a share cannot be cut from
             _warn_fallback(f"the call passes {sorted(kwargs)}, which cannot be split by image")

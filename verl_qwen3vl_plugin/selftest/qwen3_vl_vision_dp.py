@@ -115,13 +115,38 @@ def mismatch(rank: int) -> str:
     return "no error"
 
 
+def under_verls_own_dp(rank: int) -> bool:
+    """On a rank of an initialised 2-rank group: on a class verl's own vision DP (verl#5230) marked, the plugin's
+    forward runs upstream's on this rank's images as they are, with no split and no collective."""
+    import torch.distributed as dist
+    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
+
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import VERL_VISION_DP_MARK, split_output, vision_dp_forward
+    from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
+
+    cls, tower = _towers()
+    upstream = originals.original(cls, "forward")
+    grid = torch.tensor(MISMATCH[rank])  # verl's wrapper hands each rank other images
+    model, pixels = tower(), pixel_values(grid)
+    set_ulysses_sequence_parallel_group(dist.group.WORLD)
+    setattr(cls, VERL_VISION_DP_MARK, True)
+    try:
+        ours = split_output(vision_dp_forward(upstream)(model, pixels, grid))[0]
+    except RuntimeError:
+        return False
+    finally:
+        delattr(cls, VERL_VISION_DP_MARK)
+        set_ulysses_sequence_parallel_group(None)
+    return bool(torch.equal(ours, split_output(upstream(model, pixels, grid))[0]))
+
+
 def _compare_cases(rank: int) -> dict:
     from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
 
     results = {name: compare(grid) for name, grid in CASES.items()}
     if has_qwen3_5():
         results.update({f"{name} (qwen3_5)": compare(CASES[name], "qwen3_5") for name in QWEN3_5_CASES})
-    return {**results, "mismatch": mismatch(rank)}
+    return {**results, "mismatch": mismatch(rank), "verl's own DP": under_verls_own_dp(rank)}
 
 
 def run() -> list[Check]:
@@ -150,4 +175,8 @@ def run() -> list[Check]:
     errors = [results[rank]["mismatch"] for rank in (0, 1)]
     ok = errors[0] == errors[1] and "hold different images" in errors[0]
     checks.append(Check("vision DP on 2 ranks: different images raise on both", ok, errors[0][:160]))
+    own = [results[rank]["verl's own DP"] for rank in (0, 1)]
+    checks.append(
+        Check("vision DP on 2 ranks: steps aside where verl's own vision DP wrapped the tower", all(own), own)
+    )
     return checks
