@@ -38,10 +38,13 @@ def expected_verdicts(verl: tuple[int, ...], transformers: tuple[int, ...]) -> d
             ("verl.workers.actor.dp_actor", "verl.workers.critic.dp_critic"),
             {(0, 7, 0): "fixed_upstream", (0, 7, 1): "apply"}.get(verl, "not_used"),
         ),
-        "qwen3_vl_nested_position_ids": dict.fromkeys(  # verl 0.7.1 to 0.9.1 call maybe_fix_3d_position_ids, 0.7.0 none
-            ("verl.workers.engine_workers", "verl.workers.engine.base"),
-            "apply" if verl >= (0, 7, 1) else "not_used",
-        ),
+        "qwen3_vl_nested_position_ids": {  # verl 0.7.1 to 0.9.1 call maybe_fix_3d_position_ids, 0.7.0 none
+            **dict.fromkeys(
+                ("verl.workers.engine_workers", "verl.workers.engine.base"),
+                "apply" if verl >= (0, 7, 1) else "not_used",
+            ),
+            "verl.workers.engine_workers_tinker": "apply" if verl >= (0, 9) else "not_used",  # verl 0.9's Tinker worker
+        },
         "qwen3_5_packed_delta_net": {  # no FLA here: verl 0.9's forward wrapped, verl 0.8's transformers layers
             "verl.models.transformers.qwen3_5": "apply" if verl >= (0, 9) else "not_used",
             **dict.fromkeys(

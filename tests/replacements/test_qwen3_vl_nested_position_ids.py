@@ -7,7 +7,7 @@ import pytest
 import torch
 from verl.utils import tensordict_utils
 
-from tests.helpers import child_json, judge
+from tests.helpers import VERL, child_json, judge
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import FUNCTION, PATCH, judge_function
 from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids, sequence_ragged
@@ -78,6 +78,7 @@ def test_in_effect_where_verls_engine_calls_it():
     equal-length batch reads right; the control with the plugin off reproduces verl's failure."""
     result = child_json("nested_position_ids_in_effect.py")
     assert "verl.workers.engine.base" in result["plugins"] and all(result["plugins"].values()), result
+    assert ("verl.workers.engine_workers_tinker" in result["plugins"]) is (VERL.release >= (0, 9)), result
     assert result["rows"] == [4, 15] and result["applied"] == len(result["plugins"])
     off = child_json(
         "nested_position_ids_in_effect.py",

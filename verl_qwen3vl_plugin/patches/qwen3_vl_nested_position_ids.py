@@ -7,10 +7,12 @@ rope-packed layout TransferQueue (verl 0.9's data path) builds when every sample
 an inconsistent tensor. verl 0.9.1 then crashes on Qwen3-VL and Qwen3.5 as soon as a batch's sequences share a length
 (GRPO's n responses cut at the same maximum).
 
-Targets: the two modules that call it on every batch before they split or read it, ``verl.workers.engine_workers``
-(``TrainingWorker``) and ``verl.workers.engine.base`` (``BaseEngine``); each binds the name at import, so the name is
-replaced there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when their
-target is imported, not at ``import verl``.
+Targets: the modules that call it on every batch before they split or read it, ``verl.workers.engine_workers``
+(``TrainingWorker``), ``verl.workers.engine.base`` (``BaseEngine``) and, from verl 0.9,
+``verl.workers.engine_workers_tinker`` (``TinkerTrainingWorker``: its ``forward_backward`` calls it, then the
+engine's ``forward_backward_batch``, past ``BaseEngine``). Each binds the name at import, so the name is replaced
+there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when their target is
+imported, not at ``import verl``.
 
 Known shapes (the probe's whole knowledge):
 - affected, verl 0.7.1 to 0.9.1: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
@@ -28,10 +30,16 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
-from verl_qwen3vl_plugin.upstream import ENGINE_BASE, ENGINE_WORKERS, TENSORDICT_UTILS
+from verl_qwen3vl_plugin.upstream import ENGINE_BASE, ENGINE_WORKERS, ENGINE_WORKERS_TINKER, TENSORDICT_UTILS
 
 FUNCTION = "maybe_fix_3d_position_ids"
-CALLERS = {ENGINE_WORKERS: "TrainingWorker", ENGINE_BASE: "BaseEngine"}
+CALLERS = {ENGINE_WORKERS: "TrainingWorker", ENGINE_BASE: "BaseEngine", ENGINE_WORKERS_TINKER: "TinkerTrainingWorker"}
+# Where a caller's module is missing: verl before its FSDP engine, or before its Tinker worker (verl 0.9).
+ABSENT = {
+    ENGINE_WORKERS: ("no-fsdp-engine", "this verl has no FSDP engine"),
+    ENGINE_BASE: ("no-fsdp-engine", "this verl has no FSDP engine"),
+    ENGINE_WORKERS_TINKER: ("no-tinker-worker", "this verl has no Tinker training worker (verl < 0.9)"),
+}
 
 
 KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
@@ -130,7 +138,7 @@ PATCH = Patch(
             module=caller,
             decide=decider(caller),
             apply=_apply,
-            absent=not_used_when_absent("no-fsdp-engine", "this verl has no FSDP engine"),
+            absent=not_used_when_absent(*ABSENT[caller]),
             reads=(TENSORDICT_UTILS,),
         )
         for caller in CALLERS

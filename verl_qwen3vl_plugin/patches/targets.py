@@ -129,6 +129,12 @@ TARGETS = (
         "verl.workers.engine.base",
     ),
     (
+        "qwen3_vl_nested_position_ids",
+        "model",
+        "verl.workers.engine_workers_tinker",
+        "verl.workers.engine_workers_tinker",
+    ),
+    (
         "qwen3_vl_moe_routing_replay",
         "model",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
