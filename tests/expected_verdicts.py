@@ -44,6 +44,12 @@ def expected_verdicts(verl: tuple[int, ...], transformers: tuple[int, ...]) -> d
                 "apply" if verl >= (0, 7, 1) else "not_used",
             ),
             "verl.workers.engine_workers_tinker": "apply" if verl >= (0, 9) else "not_used",  # verl 0.9's Tinker worker
+            # verl 0.7's micro-batch split rope-packs an equal-length subset again; 0.8 keeps the layout
+            "verl.workers.engine.fsdp.transformer_impl": "fixed_upstream"
+            if verl >= (0, 8)
+            else "apply"
+            if verl >= (0, 7, 1)
+            else "not_used",
         },
         "qwen3_5_packed_delta_net": {  # no FLA here: verl 0.9's forward wrapped, verl 0.8's transformers layers
             "verl.models.transformers.qwen3_5": "apply" if verl >= (0, 9) else "not_used",

@@ -117,4 +117,6 @@ def test_patches_active_in_a_ray_worker_with_no_env_and_no_runtime_env():
     status = result["status"]
     assert status["npu_qwen3_vl_moe_routing verl.models.transformers.npu_patch"] == "pending"
     moe = status["qwen3_vl_pos_embed transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"]
-    assert (moe, result["ours"]) == (("applied", True) if POS_EMBED_USED else ("skipped", False))
+    assert moe == ("applied" if POS_EMBED_USED else "skipped")
+    assert status["qwen3_vl_vision_dp transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"] == "applied"
+    assert result["ours"], "the worker's Qwen3-VL-MoE vision forward is not the plugin's wrapper"

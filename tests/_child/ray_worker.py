@@ -14,14 +14,14 @@ def worker():
     from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
 
     import verl_qwen3vl_plugin as plugin
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin import originals
 
     return {
         "pid": os.getpid(),
         "env": sorted(k for k in os.environ if k.startswith(("VERL_USE_EXTERNAL", "VERL_QWEN3VL_PLUGIN"))),
         "activated_by": plugin.activated_by(),
         "status": {f"{s.patch} {s.target}": s.status.value for s in plugin.patch_statuses()},
-        "ours": Qwen3VLMoeVisionModel.fast_pos_embed_interpolate is fast_pos_embed_interpolate,
+        "ours": originals.ours(Qwen3VLMoeVisionModel.forward),  # vision DP's wrapper: applied on every stack
     }
 
 

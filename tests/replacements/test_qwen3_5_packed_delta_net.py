@@ -108,6 +108,10 @@ def test_heads_not_divisible_by_sp_raise_before_any_collective(monkeypatch):
 
 
 @needs_tf
+@pytest.mark.skipif(
+    TRANSFORMERS.release >= (5, 16),
+    reason="the layer has no kernel attributes from transformers 5.16; qwen3_5_layer_attributes restores them",
+)
 def test_fla_kernel_is_given_the_boundaries(monkeypatch):
     """verl 0.8 on CUDA with FLA: the layer's FLA kernel gets every sample's bounds (and the SP pad's)."""
     from verl_qwen3vl_plugin.selftest.tiny_models import tiny_qwen3_5

@@ -10,7 +10,11 @@ from verl.utils import tensordict_utils
 from tests.helpers import VERL, child_json, judge
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import FUNCTION, PATCH, judge_function
-from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids, sequence_ragged
+from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import (
+    canonical_micro_batches,
+    maybe_fix_3d_position_ids,
+    sequence_ragged,
+)
 from verl_qwen3vl_plugin.selftest.qwen3_vl_nested_position_ids import engine_rows, packed_batch, run, samples
 
 VERL_FIX = getattr(tensordict_utils, FUNCTION, None)  # verl 0.7.0 has none
@@ -58,6 +62,29 @@ def test_micro_batch_split_after_the_fix():
     assert all(torch.equal(got, want) for got, want in zip(parts, samples(EQUAL), strict=True))
 
 
+@NEEDS_VERL_FIX
+@pytest.mark.parametrize("ours", [True, False], ids=["plugins", "verls_own"])
+@pytest.mark.parametrize("lengths", [EQUAL, MIXED, [6, 9, 4, 4]], ids=["equal", "mixed", "mixed_with_an_equal_pair"])
+def test_engine_micro_batches_read_right(ours, lengths):
+    """The fixed batch through verl's FSDP engine's own split (``prepare_micro_batches``, fixed micro-batch size):
+    each micro-batch's values are what the engine reads, (4 rope rows, its tokens) in sample order. verl 0.7's
+    split rebuilds with ``as_nested_tensor`` and rope-packs an equal-length pair again: verl's own split fails there,
+    the one the plugin gives the engine does not."""
+    from verl.workers.engine.fsdp import transformer_impl as engine
+
+    split = canonical_micro_batches(engine.prepare_micro_batches) if ours else engine.prepare_micro_batches
+    batch = packed_batch(lengths)
+    maybe_fix_3d_position_ids(batch)  # the callers' fix, before the split
+    tensordict_utils.assign_non_tensor(batch, use_dynamic_bsz=False, micro_batch_size_per_gpu=2)
+    micro_batches, _ = split(batch)
+    read = [tuple(mb["position_ids"].values().shape) for mb in micro_batches]
+    want = [(4, sum(lengths[i : i + 2])) for i in range(0, len(lengths), 2)]
+    repacks = (
+        VERL.release < (0, 8) and not ours and any(lengths[i] == lengths[i + 1] for i in range(0, len(lengths), 2))
+    )
+    assert (read == want) is not repacks, read
+
+
 def test_consolidated_locked_batch_after_a_pickle_round_trip():
     """The state verl's function was written for, as verl ships a batch: consolidated (locked), pickled, unpickled;
     and a locked batch whose layout needs a rebuild."""
@@ -79,7 +106,8 @@ def test_in_effect_where_verls_engine_calls_it():
     result = child_json("nested_position_ids_in_effect.py")
     assert "verl.workers.engine.base" in result["plugins"] and all(result["plugins"].values()), result
     assert ("verl.workers.engine_workers_tinker" in result["plugins"]) is (VERL.release >= (0, 9)), result
-    assert result["rows"] == [4, 15] and result["applied"] == len(result["plugins"])
+    assert result["rows"] == [4, 15] and set(result["plugins"]) <= set(result["applied"]), result
+    assert result["micro_batches"] == [[4, 10], [4, 10]], result  # verl 0.7's split: patched; 0.8's: kept
     off = child_json(
         "nested_position_ids_in_effect.py",
         env={"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"},

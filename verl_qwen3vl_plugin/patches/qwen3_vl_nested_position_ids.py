@@ -12,12 +12,18 @@ Targets: the modules that call it on every batch before they split or read it, `
 ``verl.workers.engine_workers_tinker`` (``TinkerTrainingWorker``: its ``forward_backward`` calls it, then the
 engine's ``forward_backward_batch``, past ``BaseEngine``). Each binds the name at import, so the name is replaced
 there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when their target is
-imported, not at ``import verl``.
+imported, not at ``import verl``. The fourth target is the FSDP engine's split into micro-batches
+(``prepare_micro_batches`` as ``verl.workers.engine.fsdp.transformer_impl`` binds it): verl 0.7's splits rebuild each
+nested field with ``as_nested_tensor``, which rope-packs an equal-length micro-batch again after the callers' fix, so
+each micro-batch is fixed once more after the split.
 
 Known shapes (the probe's whole knowledge):
 - affected, verl 0.7.1 to 0.9.1: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
   whose whole body is verl's one ``if`` on a 3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
 - not used, verl 0.7.0: the caller's class (``TrainingWorker`` / ``BaseEngine``) is there and never names the function;
+- the FSDP engine's split: ``apply`` where ``index_select_tensor_dict`` or ``chunk_tensordict`` calls
+  ``as_nested_tensor`` and the fix has verl 0.7.1's body; ``fixed_upstream`` where both rebuild with
+  ``nested_tensor_from_tensor_list(..., ragged_idx=...)`` (verl >= 0.8); ``not_used`` on verl 0.7.0 as above;
 - fixed, verl#7901 (open; read from its description, its diff was not to be had): the function's whole body calls
   ``normalize_3d_position_ids(data)``, defined in ``tensordict_utils`` beside it, which rebuilds the layout. No
   release has it. Any other body is ``unrecognized``.
@@ -30,7 +36,13 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
-from verl_qwen3vl_plugin.upstream import ENGINE_BASE, ENGINE_WORKERS, ENGINE_WORKERS_TINKER, TENSORDICT_UTILS
+from verl_qwen3vl_plugin.upstream import (
+    ENGINE_BASE,
+    ENGINE_WORKERS,
+    ENGINE_WORKERS_TINKER,
+    FSDP_ENGINE,
+    TENSORDICT_UTILS,
+)
 
 FUNCTION = "maybe_fix_3d_position_ids"
 CALLERS = {ENGINE_WORKERS: "TrainingWorker", ENGINE_BASE: "BaseEngine", ENGINE_WORKERS_TINKER: "TinkerTrainingWorker"}
@@ -44,6 +56,8 @@ ABSENT = {
 
 KNOWN_TEST = "'position_ids' in data.keys() and data['position_ids'].dim() == 3 and data['position_ids'].is_nested"
 KNOWN_BODY = "data['position_ids']._ragged_idx = 2"
+MICRO_BATCHES = "prepare_micro_batches"  # the FSDP engine's split of a batch, bound from verl.workers.engine.utils
+SPLITS = ("index_select_tensor_dict", "chunk_tensordict")  # what it splits with: dynamic and fixed micro-batch sizes
 NORMALIZER = "normalize_3d_position_ids"  # verl#7901's, per its description: leaves a right layout, rebuilds others
 
 
@@ -123,6 +137,81 @@ def decider(caller: str):
     return decide
 
 
+def _split_rebuild(tree: ast.Module | None) -> str | None:
+    """How verl's micro-batch splits rebuild a nested field: ``"repack"`` with ``as_nested_tensor`` (verl 0.7: an
+    equal-length subset comes out rope-packed again), ``"keep"`` with ``nested_tensor_from_tensor_list(...,
+    ragged_idx=...)`` (verl >= 0.8: the input's layout kept); None for neither."""
+    splits = [compat.find_function(tree, name) for name in SPLITS]
+    if tree is None or any(split is None for split in splits):
+        return None
+    if any(compat.calls(split, "as_nested_tensor") for split in splits):
+        return "repack"
+    keeps = [
+        any(
+            k.arg == "ragged_idx"
+            for call in compat.call_nodes(split, "nested_tensor_from_tensor_list")
+            for k in call.keywords
+        )
+        for split in splits
+    ]
+    return "keep" if all(keeps) else None
+
+
+def _binds_micro_batches(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.level
+        and n.module == "utils"
+        and any(a.name == MICRO_BATCHES for a in n.names)
+        for n in tree.body
+    ) and compat.calls(tree, MICRO_BATCHES)
+
+
+def decide_engine(tree: ast.Module) -> Decision:
+    """The FSDP engine's micro-batches: the callers' fix runs before the split, so the split must keep the layout."""
+    if not _binds_micro_batches(tree):
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "engine-does-not-bind-micro-batches",
+            f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils",
+        )
+    utils = compat.installed(TENSORDICT_UTILS).tree
+    rebuild = _split_rebuild(utils)
+    if rebuild == "keep":
+        return Decision(
+            Verdict.FIXED_UPSTREAM,
+            "verl0.8-splits-keep-ragged-index",
+            f"verl's {' and '.join(SPLITS)} rebuild nested fields with the input's ragged index",
+        )
+    if rebuild is None:
+        return Decision(
+            Verdict.UNRECOGNIZED,
+            "unknown-micro-batch-split",
+            f"verl's {' and '.join(SPLITS)} rebuild nested fields in no known way",
+        )
+    if compat.find_function(utils, FUNCTION) is None:
+        return Decision(
+            Verdict.NOT_USED,
+            "verl0.7.0-no-3d-position-fix",
+            f"verl 0.7.0 fixes no 3-d position ids before the split either ({FUNCTION} is absent)",
+        )
+    fix = judge_function(utils)
+    if fix.verdict is not Verdict.APPLY:
+        return fix
+    return Decision(
+        Verdict.APPLY,
+        "verl0.7-splits-repack",
+        f"verl's {' and '.join(SPLITS)} rebuild nested fields with as_nested_tensor: an equal-length micro-batch "
+        "comes out rope-packed after the fix, and the engine reads its values as (8, seq), not (4, 2 * seq)",
+    )
+
+
+def _apply_engine(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import canonical_micro_batches
+
+    originals.wrap(module, MICRO_BATCHES, canonical_micro_batches)
+
+
 def _apply(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import maybe_fix_3d_position_ids
 
@@ -133,15 +222,24 @@ PATCH = Patch(
     name="qwen3_vl_nested_position_ids",
     title="multimodal position ids ragged along the sequence, whatever the lengths",
     group=MODEL,
-    targets=tuple(
+    targets=(
+        *(
+            Target(
+                module=caller,
+                decide=decider(caller),
+                apply=_apply,
+                absent=not_used_when_absent(*ABSENT[caller]),
+                reads=(TENSORDICT_UTILS,),
+            )
+            for caller in CALLERS
+        ),
         Target(
-            module=caller,
-            decide=decider(caller),
-            apply=_apply,
-            absent=not_used_when_absent(*ABSENT[caller]),
+            module=FSDP_ENGINE,
+            decide=decide_engine,
+            apply=_apply_engine,
+            absent=not_used_when_absent(*ABSENT[ENGINE_BASE]),
             reads=(TENSORDICT_UTILS,),
-        )
-        for caller in CALLERS
+        ),
     ),
     devices=None,
     why=(

@@ -135,6 +135,12 @@ TARGETS = (
         "verl.workers.engine_workers_tinker",
     ),
     (
+        "qwen3_vl_nested_position_ids",
+        "model",
+        "verl.workers.engine.fsdp.transformer_impl",
+        "verl.workers.engine.fsdp.transformer_impl",
+    ),
+    (
         "qwen3_vl_moe_routing_replay",
         "model",
         "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",

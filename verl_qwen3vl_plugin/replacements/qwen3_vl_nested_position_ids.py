@@ -13,6 +13,8 @@ Two other layouts reach verl's ``maybe_fix_3d_position_ids``, which only sets ``
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,3 +66,17 @@ def maybe_fix_3d_position_ids(data: TensorDict) -> None:
     finally:
         if locked:
             data.lock_()
+
+
+def canonical_micro_batches(upstream: Callable) -> Callable:
+    """verl's ``prepare_micro_batches(data, ...) -> (micro_batches, indices)`` with each micro-batch's 3-d nested
+    ``position_ids`` made sequence-ragged (``maybe_fix_3d_position_ids``) after the split."""
+
+    @functools.wraps(upstream)
+    def prepare_micro_batches(data: TensorDict, *args, **kwargs):
+        micro_batches, indices = upstream(data, *args, **kwargs)
+        for micro_batch in micro_batches:
+            maybe_fix_3d_position_ids(micro_batch)
+        return micro_batches, indices
+
+    return prepare_micro_batches
