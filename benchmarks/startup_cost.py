@@ -2,7 +2,7 @@
 
 ``python -X importtime -c pass`` in fresh processes, outside the checkout (so the installed files are measured):
 the cumulative import time of ``verl_qwen3vl_plugin_autoload``, everything it imports included. Run it on a regular
-install (``nox -s bench``); 343 us was measured on 2026-11-30 (docs/performance.md), against a 1 ms budget.
+install (``nox -s bench``); docs/performance.md has the figures, against a 1 ms budget.
 
     python benchmarks/startup_cost.py [--runs 21]
 """

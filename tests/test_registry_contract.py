@@ -19,6 +19,7 @@ import pytest
 import verl_qwen3vl_plugin as plugin
 from tests.helpers import ROOT, child_json
 from verl_qwen3vl_plugin import compat, patches
+from verl_qwen3vl_plugin.activation import STARTUP_MODULE
 from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
 from verl_qwen3vl_plugin.patches import NAMES, PATCHES
@@ -65,13 +66,17 @@ def test_entry_points_name_the_hook_modules():
     assert sorted(ep.value for ep in ours) == sorted(HOOK_MODULES.values())
 
 
+def _ours(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.") or name == STARTUP_MODULE
+
+
 def _imports(path: Path, package: str) -> set[str]:
     """The plugin modules ``path`` imports, at module level or inside functions (a lazy import is still an edge)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith(package)}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            found |= {a.name for a in node.names if _ours(a.name, package)}
+        elif isinstance(node, ast.ImportFrom) and node.module and _ours(node.module, package):
             for alias in node.names:
                 child = f"{node.module}.{alias.name}"
                 found.add(child if importlib.util.find_spec(node.module).submodule_search_locations is not None
@@ -79,13 +84,15 @@ def _imports(path: Path, package: str) -> set[str]:
     return found
 
 
-def test_no_import_loop_in_the_package():
-    """registry imported the patches, which import the registry: a loop through every patch. None is left."""
+def test_no_import_loop_in_what_ships():
+    """Every module the wheel ships, the start-up module included: registry once imported the patches, which import
+    the registry; and the start-up module imported activation, which imported registry, which imported it back."""
     root = Path(plugin.__file__).parent
     modules = {
         ".".join((plugin.__name__, *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
         for p in root.rglob("*.py")
     }
+    modules[STARTUP_MODULE] = ROOT / "startup" / f"{STARTUP_MODULE}.py"
     graph = {name: _imports(path, plugin.__name__) - {name} for name, path in modules.items()}
     done: set[str] = set()
 

@@ -2,11 +2,28 @@
 
 verl loads ``verl_qwen3vl_plugin.hooks`` (entry points on verl >= 0.9; the start-up hook or
 ``VERL_USE_EXTERNAL_MODULES`` before); each hook watches its group's targets (``patches/targets.py``, generated
-from the specs). This top level stays standard-library only: it is imported at ``import verl``.
+from the specs). The public names load on first use: the start-up hook imports ``import_watch`` below this package
+in every Python process, which must cost no more than that module.
 """
 
-from verl_qwen3vl_plugin.activation import activated_by
-from verl_qwen3vl_plugin.registry import PatchStatus, Status, Verdict, patch_statuses
-
 __version__ = "0.2.0"
-__all__ = ["PatchStatus", "Status", "Verdict", "activated_by", "patch_statuses", "__version__"]
+_PUBLIC = {
+    "activated_by": "verl_qwen3vl_plugin.activation",
+    "PatchStatus": "verl_qwen3vl_plugin.registry",
+    "Status": "verl_qwen3vl_plugin.registry",
+    "Verdict": "verl_qwen3vl_plugin.registry",
+    "patch_statuses": "verl_qwen3vl_plugin.registry",
+}
+__all__ = [*sorted(_PUBLIC), "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

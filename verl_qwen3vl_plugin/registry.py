@@ -244,7 +244,7 @@ def watch(name: str, module: str, label: str, load: Callable[[], Patch], disable
         record(name, label, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
         return
     try:
-        from verl_qwen3vl_plugin_autoload import after_import
+        from verl_qwen3vl_plugin.import_watch import after_import
 
         record(name, label, Status.PENDING, f"waiting for {module} to be imported")
         after_import(module, lambda imported: _on_target_imported(name, label, load, imported))

@@ -24,7 +24,7 @@ class SynthesizedFinder:
         return None
 
 
-# Just before the file-system finder, so the plugin's import watcher (the start-up module's finder) still sees it.
+# Just before the file-system finder, so the plugin's import watcher (``import_watch``'s finder) still sees it.
 sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), SynthesizedFinder)
 import verl_qwen3vl_plugin as plugin  # noqa: E402
 from verl_qwen3vl_plugin import originals  # noqa: E402
