@@ -200,10 +200,21 @@ def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_shape_id_names_one_verdict(name: str):
     """Appliers and tests branch on shape ids: in a patch's probes, one id never comes with two verdicts."""
+    tree = ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}").__file__).read_text())
+    named = {}  # module-level names of shape ids: SHAPE = "..." or A, B = "...", "..."
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, value = node.targets[0], node.value
+        both_tuples = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+        pairs = zip(target.elts, value.elts, strict=True) if both_tuples else [(target, value)]
+        named.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
     verdicts: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}").__file__).read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "Decision" and len(node.args) >= 2:
-            if isinstance(node.args[1], ast.Constant):
-                verdicts.setdefault(node.args[1].value, set()).add(ast.unparse(node.args[0]))
-    assert verdicts, f"{name}: no Decision with a literal shape id"
+            shape = node.args[1]
+            value = shape.value if isinstance(shape, ast.Constant) else named.get(getattr(shape, "id", None))
+            if value is not None:
+                verdicts.setdefault(value, set()).add(ast.unparse(node.args[0]))
+    assert verdicts, f"{name}: no Decision with a literal or named shape id"
     assert not {shape: v for shape, v in verdicts.items() if len(v) > 1}

@@ -21,13 +21,13 @@ from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
     MODULES_ENV,
-    Decision,
     Verdict,
     activation_line,
     concerns,
     decide,
     disable_list,
     dormant_reason,
+    unrecognized,
 )
 from verl_qwen3vl_plugin.rollout_engines import ENGINES, describe, rollout_side
 
@@ -125,7 +125,7 @@ def patch_verdicts(
             try:
                 decision = decide(patch, target, installed(target.module), disabled)
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
-                decision = Decision(Verdict.UNRECOGNIZED, "probe-failed", f"{type(exc).__name__}: {exc}")
+                decision = unrecognized(f"{type(exc).__name__}: {exc}")
             verdict, reason = decision.verdict, decision.reason
             targets[target.label] = {"verdict": verdict.value, "shape": decision.shape, "reason": reason}
             if verdict is Verdict.UNRECOGNIZED and concerns_here and target.apply is None:  # known, not patchable

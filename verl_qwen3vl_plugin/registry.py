@@ -78,8 +78,9 @@ _OUTCOME = {
 
 @dataclass(frozen=True)
 class Decision:
-    """A probe's conclusion. ``shape`` is a stable id of what it recognised (``verl0.7.0-top-k-experts``; for
-    ``unrecognized``, what it missed): appliers and tests branch on it, never on ``reason``, which is for people."""
+    """A probe's conclusion. ``shape`` is a stable id of what it recognised (``verl0.7.0-top-k-experts``;
+    ``unrecognized()`` gives every unknown shape the one id ``UNKNOWN``): appliers and tests branch on it, never on
+    ``reason``, which is for people."""
 
     verdict: Verdict
     shape: str
@@ -103,6 +104,14 @@ class Target:
     @property
     def label(self) -> str:
         return f"{self.module}:{self.name}" if self.name else self.module
+
+
+UNKNOWN = "unrecognized"  # the shape of every decision whose upstream code no probe recognises
+
+
+def unrecognized(reason: str) -> Decision:
+    """A probe's "I do not know this shape": no shape id to branch on, only what it looked for, for people."""
+    return Decision(Verdict.UNRECOGNIZED, UNKNOWN, reason)
 
 
 def not_used_when_absent(shape: str, reason: str) -> Callable[[], Decision]:
@@ -215,7 +224,7 @@ def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str
     if source.tree is None:
         if source.missing and target.absent is not None:
             return target.absent()
-        return Decision(Verdict.UNRECOGNIZED, "no-source", f"{target.module} {source.problem}")
+        return unrecognized(f"{target.module} {source.problem}")
     return target.decide(source.tree)
 
 

@@ -31,7 +31,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, DP_CRITIC, ENGINE_UTILS, FSDP_ENGINE, SEQLEN_BALANCING
 
 GUARD = "dp_group is not None"
@@ -84,21 +84,11 @@ def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
     tree = compat.tree(SEQLEN_BALANCING)
     prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
     if prepare is None or split is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "balancing-lacks-function-or-splitter",
-            f"{SEQLEN_BALANCING} lacks {FUNCTION} or {SPLITTER}",
-        )
+        return unrecognized(f"{SEQLEN_BALANCING} lacks {FUNCTION} or {SPLITTER}")
     if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "function-not-data-max-token-len",
-            f"{FUNCTION} is not (data, max_token_len, dp_group, ...)",
-        )
+        return unrecognized(f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
     if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
-        return Decision(
-            Verdict.UNRECOGNIZED, "function-does-not-hand-dp-group", f"{FUNCTION} does not hand dp_group to {SPLITTER}"
-        )
+        return unrecognized(f"{FUNCTION} does not hand dp_group to {SPLITTER}")
     return prepare, split
 
 
@@ -111,20 +101,12 @@ def decide_balancing() -> Decision:
     _, split = found
     reduces = _count_syncs(split)
     if len(reduces) != 1:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "splitter-does-not-all-reduce-count",
-            f"{SPLITTER} does not all-reduce the count over dp_group once",
-        )
+        return unrecognized(f"{SPLITTER} does not all-reduce the count over dp_group once")
     clauses = [c for t in _conditions_over(split, reduces[0]) for c in _clauses(_expanded(split, t))]
     texts = [ast.unparse(c) for c in clauses]
     reads = sum(isinstance(n, ast.Name) and n.id == "dp_group" for n in ast.walk(split))
     if not set(texts) <= KNOWN_CLAUSES or reads != 1 + texts.count(GUARD):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "splitter-conditions-count-sync-unknown-way",
-            f"{SPLITTER} conditions its count sync in an unknown way",
-        )
+        return unrecognized(f"{SPLITTER} conditions its count sync in an unknown way")
     if GUARD in texts:
         return Decision(
             Verdict.APPLY,
@@ -169,22 +151,14 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     per_method = [compat.call_nodes(compat.find_function(cls, m) or ast.Pass(), FUNCTION) for m in methods]
     calls = [c for found in per_method for c in found]
     if cls is None or not imported or any(len(found) != 1 for found in per_method):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "cls-name-does-not-split-batches",
-            f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})",
-        )
+        return unrecognized(f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})")
     balancing = decide_balancing()
     if balancing.verdict is Verdict.UNRECOGNIZED:
         return balancing
     if all(_passes_group(c, 2) for c in calls):
         return Decision(Verdict.FIXED_UPSTREAM, "passes-dp-group", f"{cls_name} passes its dp_group to {FUNCTION}")
     if any(_passes_group(c, 2) for c in calls):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "passes-dp-group-in-some-calls",
-            f"{cls_name} passes dp_group to {FUNCTION} in some calls only",
-        )
+        return unrecognized(f"{cls_name} passes dp_group to {FUNCTION} in some calls only")
     if balancing.verdict is Verdict.APPLY:
         return Decision(
             Verdict.APPLY,
@@ -221,11 +195,7 @@ def decide_engine() -> Decision:
             "verl0.8-engine-passes-dp-group",
             "no legacy FSDP actor/critic; every split of the FSDP engine gets its DP group (verl#5591)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "no-legacy-fsdp-actor-critic",
-        "no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's",
-    )
+    return unrecognized("no legacy FSDP actor/critic, and the FSDP engine's split is not verl 0.8's")
 
 
 def _apply(module: ModuleType, decision: Decision) -> None:

@@ -21,7 +21,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
 BLOCK = "NPUQwen3VLMoeTextSparseMoeBlock"
@@ -85,17 +85,9 @@ def decide(tree: ast.Module) -> Decision:
     block = compat.find_function(compat.find_class(tree, BLOCK), "forward")
     experts = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if block is None or experts is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-block-forward-or-experts-forward",
-            f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch",
-        )
+        return unrecognized(f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch")
     if compat.parameters(block) != ["self", "hidden_states"] or compat.parameters(experts) != EXPERTS_SIGNATURE:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "block-forward-or-experts-forward-has",
-            f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature",
-        )
+        return unrecognized(f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature")
     if _always_scatters(block) and not _eval_only_scatter(block):
         return Decision(
             Verdict.FIXED_UPSTREAM,
@@ -114,11 +106,7 @@ def decide(tree: ast.Module) -> Decision:
             return Decision(
                 Verdict.FIXED_UPSTREAM, TOP_K_EXPERTS, f"{EXPERTS} takes the top-k weights directly in training (0.7.0)"
             )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "block-experts-match-no-known-verl",
-        f"{BLOCK} and {EXPERTS} match no known verl release's routing",
-    )
+    return unrecognized(f"{BLOCK} and {EXPERTS} match no known verl release's routing")
 
 
 def _apply(module: ModuleType, decision: Decision) -> None:

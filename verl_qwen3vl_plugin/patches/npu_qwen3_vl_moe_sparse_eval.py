@@ -17,7 +17,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
 EXPERTS = "NPUQwen3VLMoeTextExperts"
@@ -49,15 +49,9 @@ def _grouped(node: ast.AST) -> bool:
 def decide(tree: ast.Module) -> Decision:
     forward = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
     if forward is None or compat.find_class(tree, GMM) is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-experts-forward-or-gmm-verls",
-            f"no {EXPERTS}.forward or {GMM} in verl's npu_patch",
-        )
+        return unrecognized(f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
     if compat.parameters(forward) != SIGNATURE:
-        return Decision(
-            Verdict.UNRECOGNIZED, "experts-forward-not-join", f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})"
-        )
+        return unrecognized(f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})")
     branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and compat.mentions(n.test, "training")]
     if not branches and _grouped(forward):
         return Decision(Verdict.FIXED_UPSTREAM, "grouped-in-every-mode", f"{EXPERTS}.forward is grouped in every mode")
@@ -69,11 +63,7 @@ def decide(tree: ast.Module) -> Decision:
                 "dense-eval",
                 f"{EXPERTS}.forward runs every expert on every token when not training",
             )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "experts-forward-matches-no-known-verl",
-        f"{EXPERTS}.forward matches no known verl release's grouped/dense split",
-    )
+    return unrecognized(f"{EXPERTS}.forward matches no known verl release's grouped/dense split")
 
 
 def _apply(module: ModuleType, decision: Decision) -> None:

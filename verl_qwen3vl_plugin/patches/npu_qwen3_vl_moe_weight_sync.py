@@ -34,7 +34,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import FSDP_ENGINE, FSDP_ENGINE_UTILS, NPU_PATCH
 
 FUNCTION = "unfuse_moe_params"
@@ -127,9 +127,7 @@ def npu_experts_layout() -> Decision | None:
     """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
     init = compat.find_function(compat.find_class(compat.tree(NPU_PATCH), EXPERTS), "__init__")
     if init is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-experts-init-verls-npu-patch", f"no {EXPERTS}.__init__ in verl's npu_patch"
-        )
+        return unrecognized(f"no {EXPERTS}.__init__ in verl's npu_patch")
     shape = compat.empty_shape(init, "gate_up_proj")
     if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
         return None
@@ -139,28 +137,20 @@ def npu_experts_layout() -> Decision | None:
             "npu-experts-tf5-layout",
             f"{EXPERTS} stores transformers 5's (E, 2I, H) layout",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED, "experts-gate-up-proj-built-shape", f"{EXPERTS}.gate_up_proj is built as {shape}"
-    )
+    return unrecognized(f"{EXPERTS}.gate_up_proj is built as {shape}")
 
 
 def _streams_as_stored(caller: ast.Module | None) -> Decision:
     method = _per_tensor_param(caller)
     if method is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-engine-get-per-tensor-param", f"no {ENGINE}.get_per_tensor_param in {FSDP_ENGINE}"
-        )
+        return unrecognized(f"no {ENGINE}.get_per_tensor_param in {FSDP_ENGINE}")
     if _stream_shape(method) == "stored":
         return Decision(
             Verdict.NOT_USED,
             "verl0.8-sends-as-stored",
             "get_per_tensor_param sends packed experts as they are stored (verl 0.7/0.8)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "get-per-tensor-param-builds-stream",
-        "get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do",
-    )
+    return unrecognized("get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do")
 
 
 def decide_utils(tree: ast.Module) -> Decision:
@@ -169,17 +159,9 @@ def decide_utils(tree: ast.Module) -> Decision:
         return _streams_as_stored(compat.tree(FSDP_ENGINE))
     parameters = compat.parameters(func)
     if parameters[:1] != ["weights"] or "model_type" not in parameters:  # what the wrapper reads; the rest pass
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "function-not-weights-model-type",
-            f"{FUNCTION} is not (weights, ..., model_type, ...)",
-        )
+        return unrecognized(f"{FUNCTION} is not (weights, ..., model_type, ...)")
     if not (compat.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "function-does-not-split-gate-up",
-            f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)",
-        )
+        return unrecognized(f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)")
     return npu_experts_layout() or Decision(
         Verdict.APPLY,
         "verl0.9-splits-tf5-layout",
@@ -193,26 +175,18 @@ def decide_caller(tree: ast.Module) -> Decision:
         return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
     utils = compat.tree(FSDP_ENGINE_UTILS)
     if compat.find_function(utils, FUNCTION) is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "get-per-tensor-param-calls-function",
-            f"get_per_tensor_param calls {FUNCTION}, which {FSDP_ENGINE_UTILS} lacks",
-        )
+        return unrecognized(f"get_per_tensor_param calls {FUNCTION}, which {FSDP_ENGINE_UTILS} lacks")
     return decide_utils(utils)
 
 
 def decide_shard_export(tree: ast.Module) -> Decision:
     engine = compat.find_class(tree, ENGINE)
     if engine is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-engine-caller", f"no {ENGINE} in {FSDP_ENGINE}")
+        return unrecognized(f"no {ENGINE} in {FSDP_ENGINE}")
     readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and compat.mentions(f, "state_dict")}
     unknown = sorted(readers - STATE_DICT_READERS)
     if unknown:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "engine-join-read-state-dict-unknown",
-            f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way",
-        )
+        return unrecognized(f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way")
     exports = {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in SHARD_EXPORTS}
     if not exports:
         return Decision(Verdict.NOT_USED, "verl0.8-no-shard-export", f"{ENGINE} has no shard export (verl 0.7/0.8)")

@@ -31,7 +31,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 
 NEW_TYPE = "block_type"
 RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
@@ -126,11 +126,9 @@ def _reading_no_old_name(verl: ast.Module) -> Decision:
             "verl-resolves-layer-names",
             f"verl's Qwen3.5 layer forwards look up {NEW_TYPE} and the delta-net kernels by name (verl#7471)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "unknown-verl-qwen3.5",
+    return unrecognized(
         f"{QWEN3_5.verl_forward} neither reads the old layer names nor looks up {NEW_TYPE} and the kernels by name "
-        f"(verl#7471), and is not verl 0.8's ({MODEL_FORWARD} without layer forwards)",
+        f"(verl#7471), and is not verl 0.8's ({MODEL_FORWARD} without layer forwards)"
     )
 
 
@@ -139,13 +137,13 @@ def decide(tree: ast.Module, family: Family) -> Decision:
     if verl.tree is None:
         if verl.missing:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", QWEN3_5.missing("verl"))
-        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{QWEN3_5.verl_forward} {verl.problem}")
+        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
     reads = verl_reads(verl.tree)
     if not reads:
         return _reading_no_old_name(verl.tree)
     found = missing(tree, family, reads)
     if isinstance(found, str):
-        return Decision(Verdict.UNRECOGNIZED, "unknown-layer-attributes", found)
+        return unrecognized(found)
     renamed, kernels = found
     if not renamed and not kernels:
         return Decision(

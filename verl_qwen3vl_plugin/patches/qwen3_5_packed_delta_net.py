@@ -37,7 +37,7 @@ from types import ModuleType
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes import DISPATCHER
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 FUNCTION = "qwen3_5_gated_delta_net_forward"  # in verl's Qwen3.5 forward module; apply_monkey_patch installs it
@@ -75,11 +75,7 @@ def decide_verl(tree: ast.Module) -> Decision:
                 "verl0.8-no-delta-net-forward",
                 "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)",
             )
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "verl-target-has-neither-function-nor",
-            f"{QWEN3_5.verl_forward} has neither {FUNCTION} nor qwen3_5_base_forward",
-        )
+        return unrecognized(f"{QWEN3_5.verl_forward} has neither {FUNCTION} nor qwen3_5_base_forward")
     helper = compat.find_function(tree, "_packed_chunk_gated_delta_rule")
     if (
         compat.parameters(func) != PARAMETERS
@@ -88,11 +84,7 @@ def decide_verl(tree: ast.Module) -> Decision:
         or not compat.calls(helper, "_call_accepts_kwarg")
         or not compat.has_string(helper, "cu_seqlens")
     ):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "function-not-verl-0.9-cu-seqlens",
-            f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)",
-        )
+        return unrecognized(f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)")
     if fla_in_use():
         return Decision(
             Verdict.FIXED_UPSTREAM,
@@ -102,11 +94,7 @@ def decide_verl(tree: ast.Module) -> Decision:
         )
     takes_kwargs = _fallback_takes_kwargs()
     if takes_kwargs is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-torch-fallback",
-            f"transformers' Qwen3.5 modeling has no {FALLBACK}",
-        )
+        return unrecognized(f"transformers' Qwen3.5 modeling has no {FALLBACK}")
     if takes_kwargs:
         return Decision(
             Verdict.APPLY,
@@ -136,7 +124,7 @@ def decide_transformers(tree: ast.Module, family: Family) -> Decision:
     if verl.tree is None:
         if verl.missing:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", NO_VERL_QWEN3_5)
-        return Decision(Verdict.UNRECOGNIZED, "verl-target-problem", f"{QWEN3_5.verl_forward} {verl.problem}")
+        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
     if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
         compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
@@ -149,11 +137,7 @@ def decide_transformers(tree: ast.Module, family: Family) -> Decision:
     layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
     decoder = compat.find_function(compat.find_class(tree, f"{prefix}DecoderLayer"), "forward")
     if layer is None or decoder is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-layer-forward",
-            f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward",
-        )
+        return unrecognized(f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward")
     keywords = _linear_attn_keywords(decoder)
     if (
         compat.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
@@ -162,11 +146,9 @@ def decide_transformers(tree: ast.Module, family: Family) -> Decision:
         or "hidden_states" not in keywords
         or keywords & {"cu_seqlens", "cu_seq_lens_q", "seq_idx"}
     ):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "decoder-calls-layer-otherwise",
+        return unrecognized(
             f"{prefix}DecoderLayer does not call self.linear_attn(hidden_states=...) without boundaries as "
-            "transformers 5.2 to 5.10 do",
+            "transformers 5.2 to 5.10 do"
         )
     return Decision(
         Verdict.APPLY,

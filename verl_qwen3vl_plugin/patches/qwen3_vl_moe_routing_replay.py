@@ -40,7 +40,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NPU_PATCH
 
@@ -107,9 +107,7 @@ def decide_sparse_block(tree: ast.Module) -> Decision:
             "tf5-block-takes-router-routes",
             f"{BLOCK} takes its routes from {ROUTER} (transformers 5)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED, "block-forward-routes-unknown-way", f"{BLOCK}.forward routes in an unknown way"
-    )
+    return unrecognized(f"{BLOCK}.forward routes in an unknown way")
 
 
 def returns_probabilities(forward: ast.FunctionDef) -> bool:
@@ -127,7 +125,7 @@ def returns_probabilities(forward: ast.FunctionDef) -> bool:
 def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
     forward = _forward(tree, router)
     if forward is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-router-forward", f"no {router}.forward")
+        return unrecognized(f"no {router}.forward")
     known = (
         compat.parameters(forward) == ["self", "hidden_states"]
         and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
@@ -136,9 +134,7 @@ def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
         and set(_returns(forward)) == {3}
     )
     if not known:
-        return Decision(
-            Verdict.UNRECOGNIZED, "router-forward-routes-unknown-way", f"{router}.forward routes in an unknown way"
-        )
+        return unrecognized(f"{router}.forward routes in an unknown way")
     if returns_probabilities(forward):
         return Decision(
             Verdict.APPLY, RETURNS_PROBABILITIES, f"{router} returns (probabilities, top-k weights, top-k ids)"
@@ -166,11 +162,7 @@ def decide_npu_block(tree: ast.Module) -> Decision:
     if known.verdict is Verdict.UNRECOGNIZED:
         return known
     if not _routes_itself(_forward(tree, NPU_BLOCK), 1):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "npu-block-forward-routes-unknown-way",
-            f"{NPU_BLOCK}.forward routes in an unknown way",
-        )
+        return unrecognized(f"{NPU_BLOCK}.forward routes in an unknown way")
     return Decision(
         Verdict.APPLY, f"{NPU_BLOCK_ROUTES}/{known.shape}", f"{NPU_BLOCK} routes its tokens itself ({known.reason})"
     )
@@ -188,31 +180,15 @@ def decide_actor(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, ACTOR)
     step = compat.find_function(cls, "_forward_micro_batch")
     if step is None or compat.parameters(step)[:2] != ["self", "micro_batch"]:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-actor-forward-micro-batch-self",
-            f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)",
-        )
+        return unrecognized(f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)")
     if not all(compat.calls(step, name) for name in ACTOR_LAYOUT):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "actor-forward-micro-batch-lays-out",
-            f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way",
-        )
+        return unrecognized(f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way")
     if not (
         _selects(compat.find_function(cls, "compute_log_prob")) and _selects(compat.find_function(cls, "update_policy"))
     ):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "actor-compute-log-prob-update-policy",
-            f"{ACTOR}.compute_log_prob / update_policy do not select their keys",
-        )
+        return unrecognized(f"{ACTOR}.compute_log_prob / update_policy do not select their keys")
     if not _no_upstream_replay(cls):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "actor-handles-routing-replay-itself-review",
-            f"{ACTOR} handles routing replay itself: review the plugin's",
-        )
+        return unrecognized(f"{ACTOR} handles routing replay itself: review the plugin's")
     return Decision(
         Verdict.APPLY,
         "verl0.7-actor-without-replay",
@@ -224,18 +200,12 @@ def decide_worker(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, WORKER)
     method = compat.find_function(cls, "compute_log_prob")
     if method is None or compat.parameters(method) != ["self", "data"]:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-worker-compute-log-prob-self", f"no {WORKER}.compute_log_prob(self, data)"
-        )
+        return unrecognized(f"no {WORKER}.compute_log_prob(self, data)")
     builds = any(
         ast.unparse(c.func) == "self.actor.compute_log_prob" for c in compat.call_nodes(method, "compute_log_prob")
     )
     if not (builds and compat.calls(method, "from_dict")) or not _no_upstream_replay(method):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "worker-compute-log-prob-builds-output",
-            f"{WORKER}.compute_log_prob builds its output in an unknown way",
-        )
+        return unrecognized(f"{WORKER}.compute_log_prob builds its output in an unknown way")
     return Decision(Verdict.APPLY, "verl0.7-worker-log-probs-only", f"{WORKER}.compute_log_prob returns log-probs only")
 
 
@@ -253,33 +223,17 @@ def decide_engine(tree: ast.Module | None) -> Decision:
     inputs = compat.find_function(lm, "prepare_model_inputs")
     outputs = compat.find_function(lm, "prepare_model_outputs")
     if batch is None or compat.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-engine-base-forward-backward-batch",
-            f"no {ENGINE_CLASS}.forward_backward_batch(self, data, loss_function, forward_only)",
-        )
+        return unrecognized(f"no {ENGINE_CLASS}.forward_backward_batch(self, data, loss_function, forward_only)")
     if (
         inputs is None
         or compat.parameters(inputs) != ["self", "micro_batch"]
         or not (compat.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
     ):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "engine-lm-prepare-model-inputs-pads",
-            f"{ENGINE_LM_CLASS}.prepare_model_inputs pads its tokens in an unknown way",
-        )
+        return unrecognized(f"{ENGINE_LM_CLASS}.prepare_model_inputs pads its tokens in an unknown way")
     if outputs is None or compat.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-engine-lm-prepare-model-outputs",
-            f"no {ENGINE_LM_CLASS}.prepare_model_outputs(self, output, output_args, micro_batch, ...)",
-        )
+        return unrecognized(f"no {ENGINE_LM_CLASS}.prepare_model_outputs(self, output, output_args, micro_batch, ...)")
     if not _no_upstream_replay(base, lm):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "verls-fsdp-engine-reads-router-replay",
-            "verl's FSDP engine reads router_replay itself: review the plugin's",
-        )
+        return unrecognized("verl's FSDP engine reads router_replay itself: review the plugin's")
     return Decision(
         Verdict.APPLY,
         "fsdp-engine-without-replay",
@@ -364,7 +318,7 @@ def legacy_gone() -> Decision:
     """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
     engine = decide_engine(compat.tree(FSDP_ENGINE))
     if engine.verdict is not Verdict.APPLY:
-        return Decision(Verdict.UNRECOGNIZED, "no-legacy-fsdp-actor", f"no legacy FSDP actor, and {engine.reason}")
+        return unrecognized(f"no legacy FSDP actor, and {engine.reason}")
     return Decision(
         Verdict.NOT_USED,
         "verl0.8-no-legacy-actor",

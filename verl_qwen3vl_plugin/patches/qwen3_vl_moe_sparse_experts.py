@@ -22,7 +22,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_VL_MOE
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
 EXPERTS = "Qwen3VLMoeTextExperts"
@@ -65,18 +65,12 @@ def decide(tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, EXPERTS)
     forward = compat.find_function(cls, "forward")
     if cls is None or forward is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-experts-forward-transformers", f"no {EXPERTS}.forward in this transformers"
-        )
+        return unrecognized(f"no {EXPERTS}.forward in this transformers")
     dense = _dense_products(forward)
     decorators = [ast.unparse(d) for d in cls.decorator_list]
     if decorators == ["use_experts_implementation"] and _imports_decorator(tree):
         if dense:
-            return Decision(
-                Verdict.UNRECOGNIZED,
-                "experts-implementation-with-dense-ops",
-                f"{EXPERTS} dispatches on experts_implementation, but calls {dense}",
-            )
+            return unrecognized(f"{EXPERTS} dispatches on experts_implementation, but calls {dense}")
         return Decision(
             Verdict.FIXED_UPSTREAM,
             "tf5-experts-implementation",
@@ -85,22 +79,14 @@ def decide(tree: ast.Module) -> Decision:
     init = compat.find_function(cls, "__init__")
     layout = compat.empty_shape(init, "gate_up_proj") if init is not None else None
     if layout != LAYOUT:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "experts-gate-up-proj-built-layout",
-            f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)",
-        )
+        return unrecognized(f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)")
     if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
         return Decision(
             Verdict.APPLY,
             "dense-eval",
             f"{EXPERTS}.forward runs every expert on every token in eval, loops in training",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "experts-forward-matches-neither-transformers-4.57",
-        f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's",
-    )
+    return unrecognized(f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
 
 
 def replaced_on_npu(devices: dict[str, bool]) -> str | None:

@@ -35,7 +35,7 @@ import ast
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import (
     ENGINE_BASE,
     ENGINE_WORKERS,
@@ -94,11 +94,9 @@ def judge_function(tree: ast.Module | None) -> Decision:
     """verl's function itself, in ``tensordict_utils``' parsed source."""
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "verls-tensordict-utils-has-no-function", f"verl's tensordict_utils has no {FUNCTION}"
-        )
+        return unrecognized(f"verl's tensordict_utils has no {FUNCTION}")
     if compat.parameters(func) != ["data"]:
-        return Decision(Verdict.UNRECOGNIZED, "function-not-function-data", f"{FUNCTION} is not ({FUNCTION}(data))")
+        return unrecognized(f"{FUNCTION} is not ({FUNCTION}(data))")
     if _sets_index_only(func):
         return Decision(
             Verdict.APPLY,
@@ -111,11 +109,7 @@ def judge_function(tree: ast.Module | None) -> Decision:
             "verl7901-normalizes-layout",
             f"{FUNCTION} hands the batch to tensordict_utils' {NORMALIZER}, which rebuilds the layout (verl#7901)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "function-matches-no-known-verl-releases",
-        f"{FUNCTION} matches no known verl release's body",
-    )
+    return unrecognized(f"{FUNCTION} matches no known verl release's body")
 
 
 def decider(caller: str):
@@ -128,11 +122,7 @@ def decider(caller: str):
                 "verl0.7.0-no-3d-position-fix",
                 f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)",
             )
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "caller-neither-imports-function-nor-has",
-            f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape",
-        )
+        return unrecognized(f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape")
 
     return decide
 
@@ -170,11 +160,7 @@ def _binds_micro_batches(tree: ast.Module) -> bool:
 def decide_engine(tree: ast.Module) -> Decision:
     """The FSDP engine's micro-batches: the callers' fix runs before the split, so the split must keep the layout."""
     if not _binds_micro_batches(tree):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "engine-does-not-bind-micro-batches",
-            f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils",
-        )
+        return unrecognized(f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils")
     utils = compat.installed(TENSORDICT_UTILS).tree
     rebuild = _split_rebuild(utils)
     if rebuild == "keep":
@@ -184,11 +170,7 @@ def decide_engine(tree: ast.Module) -> Decision:
             f"verl's {' and '.join(SPLITS)} rebuild nested fields with the input's ragged index",
         )
     if rebuild is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "unknown-micro-batch-split",
-            f"verl's {' and '.join(SPLITS)} rebuild nested fields in no known way",
-        )
+        return unrecognized(f"verl's {' and '.join(SPLITS)} rebuild nested fields in no known way")
     if compat.find_function(utils, FUNCTION) is None:
         return Decision(
             Verdict.NOT_USED,

@@ -26,7 +26,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals, vision_towers
 from verl_qwen3vl_plugin.families import Family
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 METHOD = "fast_pos_embed_interpolate"
@@ -66,16 +66,10 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls = compat.find_class(tree, cls_name)
     forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
     if forward is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "no-cls-name-forward-transformers", f"no {cls_name}.forward in this transformers"
-        )
+        return unrecognized(f"no {cls_name}.forward in this transformers")
     if compat.calls_self(forward, METHOD):
         if method is None or compat.parameters(method) != ["self", "grid_thw"]:
-            return Decision(
-                Verdict.UNRECOGNIZED,
-                "method-signature",
-                f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)",
-            )
+            return unrecognized(f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
         return Decision(
             Verdict.APPLY,
             "tf4.57-method-on-table-device",
@@ -89,11 +83,7 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
                 shape,
                 f"{cls_name}.forward calls vision_utils.{helper} on grid_thw (transformers >= {since})",
             )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "cls-name-forward-calls-neither-method",
-        f"{cls_name}.forward calls neither {METHOD} nor a vision_utils interpolation helper as known",
-    )
+    return unrecognized(f"{cls_name}.forward calls neither {METHOD} nor a vision_utils interpolation helper as known")
 
 
 def decide_monkey_patch(tree: ast.Module) -> Decision:
@@ -101,9 +91,7 @@ def decide_monkey_patch(tree: ast.Module) -> Decision:
     returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
     func = compat.find_function(tree, "apply_monkey_patch")
     if func is None:
-        return Decision(
-            Verdict.UNRECOGNIZED, "verls-monkey-patch-has-no-apply", "verl's monkey_patch has no apply_monkey_patch"
-        )
+        return unrecognized("verl's monkey_patch has no apply_monkey_patch")
     if compat.assigns_attribute(func, METHOD):
         return Decision(
             Verdict.APPLY,

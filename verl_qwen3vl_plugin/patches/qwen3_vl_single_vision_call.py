@@ -25,7 +25,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 
 FUNCTION = "_get_input_embeds"
 PARAMETERS = [
@@ -85,24 +85,16 @@ def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
     caller_name, outputs = f"{family.model_type}_base_forward", OUTPUTS[family]
     func = compat.find_function(tree, FUNCTION)
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-function", f"no {FUNCTION} in {family.verl_forward}")
+        return unrecognized(f"no {FUNCTION} in {family.verl_forward}")
     if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
-        return Decision(Verdict.UNRECOGNIZED, "function-not-join", f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
+        return unrecognized(f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
     caller = compat.find_function(tree, caller_name)
     if caller is None or not any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == FUNCTION for n in ast.walk(caller)
     ):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "caller-name-does-not-call-modules",
-            f"{caller_name} does not call the module's {FUNCTION}",
-        )
+        return unrecognized(f"{caller_name} does not call the module's {FUNCTION}")
     if not _returns_outputs(func, outputs):
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "function-does-not-return-dict-sorted",
-            f"{FUNCTION} does not return the dict of {sorted(outputs)}",
-        )
+        return unrecognized(f"{FUNCTION} does not return the dict of {sorted(outputs)}")
     image, video = _branch(func, "pixel_values"), _branch(func, "pixel_values_videos")
     calls = tuple(_tower_calls(node) if node is not None else 0 for node in (image, video, func))
     if calls == (1, 1, 3):
@@ -117,11 +109,7 @@ def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
             "verl7323-one-tower-call",
             f"{FUNCTION} joins images and videos with torch.cat into one tower call (verl#7323)",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED,
-        "function-does-not-call-model-visual",
-        f"{FUNCTION} does not call model.visual as verl 0.7.0 to 0.9.1 do (image, video, dummy)",
-    )
+    return unrecognized(f"{FUNCTION} does not call model.visual as verl 0.7.0 to 0.9.1 do (image, video, dummy)")
 
 
 def _applier(replacement: str) -> Callable[[ModuleType, Decision], None]:

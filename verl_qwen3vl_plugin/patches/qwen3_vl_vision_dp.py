@@ -18,7 +18,7 @@ import ast
 
 from verl_qwen3vl_plugin import compat, originals, vision_towers
 from verl_qwen3vl_plugin.families import QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Verdict
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 SIGNATURE = ["self", "hidden_states", "grid_thw"]
@@ -43,7 +43,7 @@ def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
     """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
     func = compat.find_function(tree, "apply_monkey_patch") if tree is not None else None
     if func is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-apply-monkey-patch", f"no apply_monkey_patch in {MONKEY_PATCH}")
+        return unrecognized(f"no apply_monkey_patch in {MONKEY_PATCH}")
     slices = any(
         isinstance(node, ast.Call) and compat.calls(node, VERL_SLICER) and compat.mentions(node, family.line_prefix)
         for node in ast.walk(func)
@@ -54,25 +54,19 @@ def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
             "slices-after-tower",
             f"verl slices {family.line} inputs after the vision tower ({VERL_SLICER})",
         )
-    return Decision(
-        Verdict.UNRECOGNIZED, "no-slicing", f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family.line}"
-    )
+    return unrecognized(f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family.line}")
 
 
 def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls_name = family.vision_class
     forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
     if forward is None:
-        return Decision(Verdict.UNRECOGNIZED, "no-forward", f"no {cls_name}.forward in this transformers")
+        return unrecognized(f"no {cls_name}.forward in this transformers")
     if compat.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "forward-signature",
-            f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)",
-        )
+        return unrecognized(f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
     if not _returns_known_output(forward, family):
         known = f"a pair or {DEEPSTACK_OUTPUT}" if family.line == QWEN3_VL.line else POOLING_OUTPUT
-        return Decision(Verdict.UNRECOGNIZED, "forward-output", f"{cls_name}.forward does not return {known}")
+        return unrecognized(f"{cls_name}.forward does not return {known}")
     verl = decide_verl(compat.tree(MONKEY_PATCH), family)
     if verl.verdict is not Verdict.APPLY:
         return verl

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import compat, originals
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
 
 LOGITS = {VLLM_ROLLOUT_UTILS: "monkey_patch_compute_logits", VLLM_ROLLOUT: "_monkey_patch_compute_logits"}
@@ -48,9 +48,7 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
             marker = OTHERWISE[module]
             known = compat.find_function(tree, marker) or compat.find_class(tree, marker)
             if known is None or compat.mentions(tree, "compute_logits"):
-                return Decision(
-                    Verdict.UNRECOGNIZED, "no-name", f"no {name}, and not the module verl 0.7 to 0.9.1 ship"
-                )
+                return unrecognized(f"no {name}, and not the module verl 0.7 to 0.9.1 ship")
             other = VLLM_ROLLOUT_UTILS if module == VLLM_ROLLOUT else VLLM_ROLLOUT
             return Decision(
                 Verdict.NOT_USED,
@@ -70,11 +68,7 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
                 "verl0.7-logits-without-ban",
                 f"{name}(model, vocab_size) leaves the vision placeholders sampleable",
             )
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "name-neither-model-vocab-size-nor",
-            f"{name} is neither (model, vocab_size) nor takes banned_token_ids",
-        )
+        return unrecognized(f"{name} is neither (model, vocab_size) nor takes banned_token_ids")
 
     return decide
 
@@ -90,11 +84,7 @@ def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
 def decide_positions(tree: ast.Module) -> Decision:
     owner = _positions_owner(tree)
     if owner is None:
-        return Decision(
-            Verdict.UNRECOGNIZED,
-            "no-agent-loop-class-whose-positions",
-            f"no agent-loop class whose {POSITIONS} calls get_rope_index",
-        )
+        return unrecognized(f"no agent-loop class whose {POSITIONS} calls get_rope_index")
     return Decision(
         Verdict.APPLY,
         "agent-loop-rope-index",
