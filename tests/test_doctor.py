@@ -10,6 +10,7 @@ import pytest
 
 from tests.expected_verdicts import expected_verdicts
 from tests.helpers import DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
+from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin import doctor as doctor_module
 from verl_qwen3vl_plugin.compat import parse
 from verl_qwen3vl_plugin.doctor import Report, patch_verdicts, render
@@ -74,20 +75,35 @@ def test_json_report_and_verdicts(plain_json):
     assert verdicts == EXPECTED_VERDICTS
     assert report["activation"]["active"] is True
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
-    import importlib.util
-
-    import torch
-
-    # What this process sees, on the same machine as the doctor's child; an NPU needs torch_npu installed.
-    assert sorted(report["devices"]) == ["cuda", "npu"]
-    assert report["devices"]["cuda"] is torch.cuda.is_available()
-    assert not report["devices"]["npu"] or importlib.util.find_spec("torch_npu") is not None
+    assert report["devices"] == compat.devices()  # what this process sees, on the same machine as the doctor
     for patch in PATCHES:
         entry = report["patches"][patch.name]
         assert entry["concerns_this_machine"] is (patch.devices is None), patch.name
         applies = "apply" in EXPECTED_VERDICTS[patch.name].values()
         # No NPU here: the NPU patches that apply are applied in verl's processes but never run on this machine.
         assert (entry["dormant"] is not None) is (applies and patch.devices == ("npu",)), (patch.name, entry)
+
+
+@pytest.mark.parametrize(
+    ("available", "expected"), [(True, True), (False, False), (None, False)], ids=["npu", "none", "broken_torch_npu"]
+)
+def test_an_npu_is_seen_where_torch_npu_reports_one(monkeypatch, available, expected):
+    """Off Ascend too: a stand-in ``torch_npu`` with an NPU, without one, or one that fails to import (None)."""
+    import sys
+    import types
+
+    import torch
+
+    real = compat.dist_version
+    monkeypatch.setattr(compat, "dist_version", lambda name: "2.7.1" if name == "torch_npu" else real(name))
+    # None in sys.modules: `import torch_npu` raises, whatever torch.npu would say.
+    monkeypatch.setitem(sys.modules, "torch_npu", None if available is None else types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: available is not False), raising=False)
+    compat.devices.cache_clear()
+    try:
+        assert compat.devices() == {"cuda": torch.cuda.is_available(), "npu": expected}
+    finally:
+        compat.devices.cache_clear()  # the next caller sees this machine again
 
 
 @pytest.mark.parametrize("listed", ["qwen3_vl_pos_embed", "all"])

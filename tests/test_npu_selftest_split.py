@@ -44,8 +44,9 @@ def test_the_patches_split_the_shared_child_s_checks_between_them(starts):
     taken = [check for checks in per_patch.values() for check in checks]
     assert sorted(taken) == sorted(made), "a check of the child that no patch, or two, took"
     assert all(c.ok for c in made), made
-    for name, checks in per_patch.items():
-        assert checks[0].name == f"{name} decision", checks
+    for name, checks in per_patch.items():  # its decision first, then only checks it owns: no swap, no borrowing
+        first, *rest = [c.name for c in checks]
+        assert first == f"{name} decision" and set(rest) <= set(shared.OWNED[name]), (name, checks)
 
 
 def test_a_child_that_fails_fails_every_npu_patch(starts, monkeypatch):
