@@ -106,6 +106,7 @@ class Target:
         return f"{self.module}:{self.name}" if self.name else self.module
 
 
+SELFTEST_PACKAGE = "verl_qwen3vl_plugin.selftest"
 UNKNOWN = "unrecognized"  # the shape of every decision whose upstream code no probe recognises
 
 
@@ -128,15 +129,20 @@ class Patch:
     title: str  # what it does, in a line (the docs' heading)
     group: str  # MODEL or NPU: the hook (and entry point) that installs it
     targets: tuple[Target, ...]
-    devices: tuple[str, ...] | None  # the accelerators whose users it concerns ("npu"); None: every device
+    devices: tuple[str, ...] | None = None  # the accelerators whose users it concerns ("npu"); None: every device
     why: str  # the failure users see
     how: str  # what is replaced
     upstream: tuple[str, ...]  # upstream PRs and issues
     remove_when: str
-    selftest: str  # module whose run() checks the patch on tiny models (doctor --selftest)
+    # The module whose run() checks the patch on tiny models (doctor --selftest); "": the one named after the patch.
+    selftest: str = ""
     # Why the applied code does not run on a machine with these devices ({"cuda": bool, "npu": bool}), beyond
     # ``devices``; None: it runs wherever ``devices`` are present.
     dormant: Callable[[dict[str, bool]], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.selftest:
+            object.__setattr__(self, "selftest", f"{SELFTEST_PACKAGE}.{self.name}")
 
     def target(self, label: str) -> Target:
         found = next((t for t in self.targets if t.label == label), None)

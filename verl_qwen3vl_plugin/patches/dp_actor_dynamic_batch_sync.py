@@ -218,7 +218,6 @@ PATCH = Patch(
         )
         for module in CALLERS
     ),
-    devices=None,
     why=(
         "With use_dynamic_bsz, verl 0.7.1's FSDP actor and critic split each rank's batch by its own token count "
         "and never agree on the number of micro-batches: a rank with large images makes more forward passes than "
@@ -230,5 +229,4 @@ PATCH = Patch(
     ),
     upstream=("verl#6176", "verl#6178", "verl#5591"),
     remove_when="verl 0.7.1 is not among the verl releases you run (0.7.0 and 0.8+ agree on the count).",
-    selftest="verl_qwen3vl_plugin.selftest.dp_actor_dynamic_batch_sync",
 )

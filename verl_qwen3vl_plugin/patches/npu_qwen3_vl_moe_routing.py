@@ -132,5 +132,4 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl 0.7.1 is no longer run on Ascend.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_routing",
 )

@@ -90,5 +90,4 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl's NPUQwen3VLMoeTextExperts.forward is grouped in eval.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_sparse_eval",
 )

@@ -235,5 +235,4 @@ PATCH = Patch(
     ),
     upstream=("verl#6896", "verl#6923"),
     remove_when="verl's NPU Qwen3-VL-MoE block stores transformers 5's expert layout, or its weight sync reads it.",
-    selftest="verl_qwen3vl_plugin.selftest.npu_qwen3_vl_moe_weight_sync",
 )

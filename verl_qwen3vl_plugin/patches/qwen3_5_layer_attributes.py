@@ -187,7 +187,6 @@ PATCH = Patch(
     title="verl 0.9's Qwen3.5 layer forwards on transformers >= 5.13: the attributes they read",
     group=MODEL,
     targets=tuple(_target(family) for family in (QWEN3_5, QWEN3_5_MOE)),
-    devices=None,
     why=(
         "verl 0.9.x's Qwen3.5 decoder-layer and gated delta-net forwards read layer attributes that transformers 5.13 "
         "renamed (layer_type is block_type) and 5.16 moved to module-level kernels (causal_conv1d_fn, "
@@ -202,5 +201,4 @@ PATCH = Patch(
     upstream=("verl#7471",),
     remove_when="the verl you run with Qwen3.5 reads transformers' new names (verl#7471), or you keep transformers "
     "below 5.13 (verl 0.9.1's pin is < 5.11).",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_5_layer_attributes",
 )

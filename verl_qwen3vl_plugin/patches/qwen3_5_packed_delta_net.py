@@ -196,7 +196,6 @@ PATCH = Patch(
         ),
         *(_transformers_target(family) for family in FAMILIES),
     ),
-    devices=None,
     why=(
         "Three of every four Qwen3.5 decoder layers are gated delta-net layers, whose recurrent state and causal "
         "convolution must restart at each of verl's packed samples. They do not with transformers >= 5.9's torch "
@@ -213,5 +212,4 @@ PATCH = Patch(
     upstream=("verl#6660", "verl#5762", "verl#6486"),
     remove_when="verl hands the boundaries to every delta rule that honours them and runs Ulysses without FLA, in the "
     "oldest verl you run with Qwen3.5.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_5_packed_delta_net",
 )

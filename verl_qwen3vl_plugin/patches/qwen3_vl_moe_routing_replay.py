@@ -370,7 +370,6 @@ PATCH = Patch(
         ),
         Target(module=FSDP_ENGINE, decide=decide_engine, apply=_apply_engine),
     ),
-    devices=None,
     why=(
         "MoE RL trains on routes the rollout never took: about 10% of Qwen3-30B-A3B's router decisions differ "
         "between the rollout engine and the trainer (94% of tokens differ in at least one layer), and the extreme "
@@ -388,5 +387,4 @@ PATCH = Patch(
     upstream=("verl#5392", "verl#2996", "verl#4443"),
     remove_when="verl's FSDP engine honours `router_replay.mode` for `qwen3_vl_moe` and `qwen3_5_moe` (verl#4443 or a "
     "successor) in the oldest verl you run, and verl 0.7 is not among them.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay",
 )

@@ -111,7 +111,6 @@ PATCH = Patch(
     title="grouped Qwen3-VL-MoE experts in training and eval (transformers 4.57.x)",
     group=MODEL,
     targets=(Target(module=QWEN3_VL_MOE.modeling, decide=decide, apply=_apply),),
-    devices=None,
     why=(
         "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "
         "computes old and reference log-probs (E / top_k = 16x the expert FLOPs for Qwen3-VL-30B-A3B), and loop "
@@ -124,6 +123,5 @@ PATCH = Patch(
     ),
     upstream=("transformers#42697",),
     remove_when="transformers >= 5 (sparse experts_implementation) is the oldest transformers Qwen3-VL-MoE runs on.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts",
     dormant=replaced_on_npu,
 )

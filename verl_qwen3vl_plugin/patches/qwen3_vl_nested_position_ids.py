@@ -223,7 +223,6 @@ PATCH = Patch(
             reads=(TENSORDICT_UTILS,),
         ),
     ),
-    devices=None,
     why=(
         "verl 0.9.1's trainer crashes on Qwen3-VL and Qwen3.5 as soon as every sequence of a batch has one length "
         "(GRPO's n responses cut at the same maximum): TransferQueue packs their (4, seq) position_ids ragged along "
@@ -239,5 +238,4 @@ PATCH = Patch(
     ),
     upstream=("verl#7899", "verl#7901"),
     remove_when="verl's maybe_fix_3d_position_ids rebuilds the layout (verl#7901) in every supported release.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_nested_position_ids",
 )

@@ -134,7 +134,6 @@ PATCH = Patch(
         *vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class),
         Target(module=MONKEY_PATCH, decide=decide_monkey_patch, apply=_wrap_apply_monkey_patch),
     ),
-    devices=None,
     why=(
         "transformers 4.57.x to 5.8.x build the interpolation's index and weight tensors on the position table's "
         "device, the CPU under FSDP2 CPU offload: the vision forward fails with a device mismatch. Everywhere, it "
@@ -148,5 +147,4 @@ PATCH = Patch(
     ),
     upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
     remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL and Qwen3.5 with.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed",
 )

@@ -134,7 +134,6 @@ PATCH = Patch(
             absent=not_used_when_absent("no-verl-qwen3.5", QWEN3_5.missing("verl")),
         ),
     ),
-    devices=None,
     why=(
         "verl's Qwen3-VL and Qwen3.5 forwards call the vision tower once for a micro-batch's images and once more "
         "for its videos. Under FSDP each call is a collective, so a rank whose micro-batch mixes an image and a video "
@@ -149,5 +148,4 @@ PATCH = Patch(
     upstream=("verl#7323", "verl#3491"),
     remove_when="verl's Qwen3-VL and Qwen3.5 _get_input_embeds make one vision-tower call per micro-batch in the "
     "oldest verl you run.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_single_vision_call",
 )

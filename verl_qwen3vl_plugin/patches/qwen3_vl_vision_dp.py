@@ -85,7 +85,6 @@ PATCH = Patch(
     title="the vision tower split over the Ulysses group",
     group=MODEL,
     targets=vision_towers.vision_targets(decide_vision_class, _apply_to_vision_class, reads=(MONKEY_PATCH,)),
-    devices=None,
     why=(
         "With Ulysses sequence parallelism verl slices a VLM's sequence only at the language model, after the "
         "vision tower: every rank of the SP group runs the tower on every image of the micro-batch, forward and "
@@ -100,5 +99,4 @@ PATCH = Patch(
     upstream=("verl#5230",),
     remove_when="verl shards the vision tower over the Ulysses group itself (verl#5230 or a successor) in the "
     "oldest verl you run.",
-    selftest="verl_qwen3vl_plugin.selftest.qwen3_vl_vision_dp",
 )

@@ -1,1 +1,2 @@
-"""Replacement forwards for the model classes the plugin patches, one module per model family."""
+"""The torch code of the patches, one module named after each patch (and ``delta_net_varlen``, ``moe_routing``: kernels
+two patches share); none of it knows the registry."""

@@ -1,22 +1,14 @@
-"""Device-safe, vectorized bilinear interpolation of the Qwen3-VL vision position embeddings.
+"""Device-safe, vectorized bilinear interpolation of the Qwen3-VL / Qwen3.5 vision position embeddings: one
+``fast_pos_embed_interpolate(self, grid_thw)`` for every vision class that calls it.
 
-Why: transformers' ``Qwen3VLVisionModel.fast_pos_embed_interpolate`` (4.57.x to 5.8.x; the MoE vision model holds a
-copy) builds its index and weight tensors on ``self.pos_embed.weight.device``. Under FSDP2 with CPU offload that is
-the CPU while the patches live on the accelerator, and the vision forward fails with a device mismatch. verl PR #6131
-(and #6332, which moved the function out of the Qwen3.5 module) fixed the device, but kept a per-image Python loop,
-a ``.tolist()`` per patch and two blocking host-to-device copies per call.
-
-How: one function serves ``Qwen3VLVisionModel`` and ``Qwen3VLMoeVisionModel``. It reads ``grid_thw`` to the host once
-(the only device-to-host sync), then builds every index and weight on ``grid_thw.device`` with tensor ops. The table
-is fetched whole through ``self.pos_embed`` with ids on that device, so FSDP gathers it there and gradients reach the
-parameter through the module; the result is never moved. The interpolation grid values come from
-``torch.linspace`` on the CPU, exactly as upstream computes them (the CPU kernel rounds its upper half differently
-per vector ISA, so no closed form is bit-identical everywhere), cached per device and grid size (least recently used
-sizes evicted past 2^20 values), so memory grows with the distinct sizes seen and a first call on a new size builds
-only that size.
-Corner products and sums run in upstream's order and dtype, which makes the output bit-identical to upstream's.
-
-When it applies, and when it can be removed: the ``qwen3_vl_pos_embed`` spec (``patches/qwen3_vl_pos_embed.py``).
+It reads ``grid_thw`` to the host once (the only device-to-host sync), then builds every index and weight on
+``grid_thw.device`` with tensor ops. The table is fetched whole through ``self.pos_embed`` with ids on that device, so
+FSDP gathers it there and gradients reach the parameter through the module; the result is never moved. The
+interpolation grid values come from ``torch.linspace`` on the CPU, exactly as upstream computes them (the CPU kernel
+rounds its upper half differently per vector ISA, so no closed form is bit-identical everywhere), cached per device
+and grid size (least recently used sizes evicted past 2^20 values), so memory grows with the distinct sizes seen and a
+first call on a new size builds only that size. Corner products and sums run in upstream's order and dtype, which
+makes the output bit-identical to upstream's.
 """
 
 from __future__ import annotations
