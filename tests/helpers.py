@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_qwen3vl_plugin import compat
-from verl_qwen3vl_plugin.compat import MISSING, Source, dist_version, parse, verl_discovers_plugins
+from verl_qwen3vl_plugin import environment
+from verl_qwen3vl_plugin.environment import MISSING, Source, dist_version, parse, verl_discovers_plugins
 from verl_qwen3vl_plugin.families import QWEN3_5
 from verl_qwen3vl_plugin.registry import Decision, Patch, Target, decide
 
@@ -57,7 +57,7 @@ def child_json(script: str, *args: str, env: dict[str, str] | None = None, **kwa
 
 def source_text(module: str) -> str | None:
     """The installed module's source text (None where it is not installed): the base the tests edit."""
-    path = compat.module_path(module)
+    path = environment.module_path(module)
     return path.read_text(encoding="utf-8") if path is not None else None
 
 
@@ -68,11 +68,11 @@ def judge(patch: Patch, target: Target, text: str | None) -> Decision:
 
 def use_sources(monkeypatch, sources: dict[str, str | None]) -> None:
     """Make the probes read ``sources`` (module -> text, None: not installed) instead of the installed modules."""
-    real = compat.installed
+    real = environment.source_of
 
-    def installed(name: str) -> Source:
+    def source_of(name: str) -> Source:
         if name not in sources:
             return real(name)
         return parse(sources[name]) if sources[name] is not None else Source(None, MISSING)
 
-    monkeypatch.setattr(compat, "installed", installed)
+    monkeypatch.setattr(environment, "source_of", source_of)

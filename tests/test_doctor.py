@@ -10,10 +10,10 @@ import pytest
 
 from tests.expected_verdicts import expected_verdicts
 from tests.helpers import DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
-from verl_qwen3vl_plugin import compat
 from verl_qwen3vl_plugin import doctor as doctor_module
-from verl_qwen3vl_plugin.compat import parse
+from verl_qwen3vl_plugin import environment
 from verl_qwen3vl_plugin.doctor import Report, patch_verdicts, render
+from verl_qwen3vl_plugin.environment import parse
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.patches import PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
@@ -75,7 +75,7 @@ def test_json_report_and_verdicts(plain_json):
     assert verdicts == EXPECTED_VERDICTS
     assert report["activation"]["active"] is True
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
-    assert report["devices"] == compat.devices()  # what this process sees, on the same machine as the doctor
+    assert report["devices"] == environment.devices()  # what this process sees, on the same machine as the doctor
     for patch in PATCHES:
         entry = report["patches"][patch.name]
         assert entry["concerns_this_machine"] is (patch.devices is None), patch.name
@@ -94,16 +94,16 @@ def test_an_npu_is_seen_where_torch_npu_reports_one(monkeypatch, available, expe
 
     import torch
 
-    real = compat.dist_version
-    monkeypatch.setattr(compat, "dist_version", lambda name: "2.7.1" if name == "torch_npu" else real(name))
+    real = environment.dist_version
+    monkeypatch.setattr(environment, "dist_version", lambda name: "2.7.1" if name == "torch_npu" else real(name))
     # None in sys.modules: `import torch_npu` raises, whatever torch.npu would say.
     monkeypatch.setitem(sys.modules, "torch_npu", None if available is None else types.ModuleType("torch_npu"))
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: available is not False), raising=False)
-    compat.devices.cache_clear()
+    environment.devices.cache_clear()
     try:
-        assert compat.devices() == {"cuda": torch.cuda.is_available(), "npu": expected}
+        assert environment.devices() == {"cuda": torch.cuda.is_available(), "npu": expected}
     finally:
-        compat.devices.cache_clear()  # the next caller sees this machine again
+        environment.devices.cache_clear()  # the next caller sees this machine again
 
 
 @pytest.mark.parametrize("listed", ["qwen3_vl_pos_embed", "all"])
@@ -213,7 +213,7 @@ def test_a_missing_submodule_of_an_installed_package_is_reported_as_it_is():
 
 def _unrecognized_everywhere(monkeypatch):
     unknown = parse("x = 1\n")
-    for where in ("verl_qwen3vl_plugin.doctor.installed", "verl_qwen3vl_plugin.compat.installed"):
+    for where in ("verl_qwen3vl_plugin.doctor.source_of", "verl_qwen3vl_plugin.environment.source_of"):
         monkeypatch.setattr(where, lambda name: unknown)
 
 

@@ -14,15 +14,15 @@ import pytest
 
 from tests.helpers import ROOT
 from tests.test_registry_contract import check_spec_is_complete
-from verl_qwen3vl_plugin import compat, originals, patches
+from verl_qwen3vl_plugin import originals, patches, syntax
 from verl_qwen3vl_plugin.doctor import patch_verdicts
-from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Status, Target, Verdict, install, patch_statuses
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Status, Target, Verdict, patch_statuses, watch_patches
 
 UPSTREAM, SELFTEST = "throwaway_upstream", "throwaway_selftest"
 
 
 def decide(tree: ast.Module) -> Decision:
-    if compat.find_function(tree, "greet") is None:
+    if syntax.find_function(tree, "greet") is None:
         return Decision(Verdict.UNRECOGNIZED, "no-greet", "no greet()")
     return Decision(Verdict.APPLY, "greets", "greet() says hello")
 
@@ -68,7 +68,7 @@ def test_registry_checks_accept_it(throwaway):
 
 
 def test_the_hooks_apply_it_when_its_target_is_imported(throwaway):
-    install([throwaway], frozenset())
+    watch_patches([throwaway], frozenset())
     assert importlib.import_module(UPSTREAM).greet() == "patched (greets)"
     status = next(s for s in patch_statuses() if s.patch == "throwaway")
     assert (status.status, status.verdict) == (Status.APPLIED, Verdict.APPLY)

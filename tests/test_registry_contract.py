@@ -18,7 +18,7 @@ import pytest
 
 import verl_qwen3vl_plugin as plugin
 from tests.helpers import ROOT, child_json
-from verl_qwen3vl_plugin import compat, patches
+from verl_qwen3vl_plugin import environment, patches
 from verl_qwen3vl_plugin.activation import STARTUP_MODULE
 from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
@@ -120,15 +120,15 @@ def test_each_upstream_module_is_parsed_once_per_process(monkeypatch):
     """Three patches read ``modeling_qwen3_vl_moe``, two ``npu_patch``; every probe, hook and the doctor share one
     cache, so each source is parsed once however many verdicts read it."""
     texts = []
-    real = compat.parse
-    monkeypatch.setattr(compat, "parse", lambda text: texts.append(text) or real(text))
-    compat.installed.cache_clear()
+    real = environment.parse
+    monkeypatch.setattr(environment, "parse", lambda text: texts.append(text) or real(text))
+    environment.source_of.cache_clear()
     try:
         for _ in range(2):
             patch_verdicts({"cuda": False, "npu": False}, frozenset())
     finally:
-        compat.installed.cache_clear()
-    present = {t.module for p in PATCHES for t in p.targets if compat.module_path(t.module) is not None}
+        environment.source_of.cache_clear()
+    present = {t.module for p in PATCHES for t in p.targets if environment.module_path(t.module) is not None}
     assert len(texts) >= len(present)
     assert len(texts) == len(set(texts))
 
@@ -180,13 +180,13 @@ def test_generated_files_are_up_to_date():
 
 @pytest.mark.parametrize("patch", PATCHES, ids=NAMES)
 def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: Patch):
-    real, read = compat.installed, set()
+    real, read = environment.source_of, set()
 
-    def installed(name: str) -> compat.Source:
+    def source_of(name: str) -> environment.Source:
         read.add(name)
         return real(name)
 
-    monkeypatch.setattr(compat, "installed", installed)
+    monkeypatch.setattr(environment, "source_of", source_of)
     for target in patch.targets:
         read.clear()
         source = real(target.module)

@@ -22,7 +22,7 @@ def after_import_verl() -> str:
 
     verl >= 0.9 is left to its own discovery, so ``VERL_USE_EXTERNAL_PLUGINS`` keeps deciding there.
     """
-    from verl_qwen3vl_plugin.compat import verl_discovers_plugins
+    from verl_qwen3vl_plugin.environment import verl_discovers_plugins
 
     if verl_discovers_plugins():
         return "left to verl's entry points"
@@ -44,6 +44,6 @@ def activated_by() -> str | None:
         return STARTUP_HOOK
     if set(loaded) <= set(os.environ.get(MODULES_ENV, "").split(",")):
         return MODULES_ENV
-    from verl_qwen3vl_plugin.compat import verl_discovers_plugins
+    from verl_qwen3vl_plugin.environment import verl_discovers_plugins
 
     return ENTRY_POINTS if verl_discovers_plugins() else "imported directly"

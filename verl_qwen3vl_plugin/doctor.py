@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 from verl_qwen3vl_plugin import patches as registered
-from verl_qwen3vl_plugin.compat import devices, dist_version, installed, verl_discovers_plugins
+from verl_qwen3vl_plugin.environment import devices, dist_version, source_of, verl_discovers_plugins
 from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
@@ -123,7 +123,7 @@ def patch_verdicts(
         targets = {}
         for target in patch.targets:
             try:
-                decision = decide(patch, target, installed(target.module), disabled)
+                decision = decide(patch, target, source_of(target.module), disabled)
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
                 decision = unrecognized(f"{type(exc).__name__}: {exc}")
             verdict, reason = decision.verdict, decision.reason

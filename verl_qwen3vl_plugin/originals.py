@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 _kept: dict[tuple[object, str], object] = {}
-_installed: dict[tuple[object, str], object] = {}  # what the plugin set there
+_set: dict[tuple[object, str], object] = {}  # what the plugin set there
 
 
 def original(owner: object, attr: str) -> object:
@@ -23,17 +23,17 @@ def replace(owner: object, attr: str, new: object) -> None:
     if attr not in vars(owner):
         raise AttributeError(f"{owner!r} defines no {attr!r} of its own")
     _kept.setdefault((owner, attr), vars(owner)[attr])
-    _installed[owner, attr] = new
+    _set[owner, attr] = new
     setattr(owner, attr, new)
 
 
 def add(owner: object, attr: str, new: object) -> None:
     """Set ``owner.attr = new`` where upstream defines none: a name upstream renamed or moved, put back for code that
     still reads it. Its original is None; setting it again replaces the plugin's own."""
-    if attr in vars(owner) and (owner, attr) not in _installed:
+    if attr in vars(owner) and (owner, attr) not in _set:
         raise AttributeError(f"{owner!r} already defines {attr!r}")
     _kept.setdefault((owner, attr), None)
-    _installed[owner, attr] = new
+    _set[owner, attr] = new
     setattr(owner, attr, new)
 
 
@@ -52,4 +52,4 @@ def replaced(attr: str) -> list[object]:
 def ours(obj: object) -> bool:
     """Whether ``obj`` is something the plugin installed: a wrapper carries upstream's name and module
     (``functools.wraps``), so this is the way to tell, e.g. where a module bound another's patched name at import."""
-    return any(new is obj for new in _installed.values())
+    return any(new is obj for new in _set.values())

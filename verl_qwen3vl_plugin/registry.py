@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from verl_qwen3vl_plugin.compat import Source
+    from verl_qwen3vl_plugin.environment import Source
 
 logger = logging.getLogger("verl_qwen3vl_plugin")
 # Same switch as verl's own modules: VERL_LOGGING_LEVEL=INFO shows the per-patch lines; a bad value is ignored here.
@@ -176,7 +176,7 @@ def dormant_reason(patch: Patch, devices: dict[str, bool]) -> str | None:
 
 
 _statuses: dict[tuple[str, str], PatchStatus] = {}
-_installed: dict[str, Patch] = {}  # the specs loaded in this process, by name
+_loaded: dict[str, Patch] = {}  # the specs loaded in this process, by name
 _watched: set[tuple[str, str]] = set()  # (patch, target label): each registered once per process
 
 
@@ -201,12 +201,12 @@ def patch_statuses() -> tuple[PatchStatus, ...]:
     whether this process runs it (asked now: verl's NPU patches can replace a class after the plugin patched it)."""
     if not any(s.status is Status.APPLIED for s in _statuses.values()):
         return tuple(_statuses.values())
-    from verl_qwen3vl_plugin.compat import devices
+    from verl_qwen3vl_plugin.environment import devices
 
     present = devices()
     return tuple(
-        replace(s, dormant=dormant_reason(_installed[s.patch], present))
-        if s.status is Status.APPLIED and s.patch in _installed
+        replace(s, dormant=dormant_reason(_loaded[s.patch], present))
+        if s.status is Status.APPLIED and s.patch in _loaded
         else s
         for s in _statuses.values()
     )
@@ -236,11 +236,11 @@ def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str
 
 def _on_target_imported(name: str, label: str, load: Callable[[], Patch], module: ModuleType) -> None:
     try:
-        from verl_qwen3vl_plugin.compat import devices, installed
+        from verl_qwen3vl_plugin.environment import devices, source_of
 
-        patch = _installed.setdefault(name, load())
+        patch = _loaded.setdefault(name, load())
         target = patch.target(label)
-        decision = decide(patch, target, installed(target.module), frozenset())  # disabled ones are not registered
+        decision = decide(patch, target, source_of(target.module), frozenset())  # disabled ones are not registered
         if decision.verdict is Verdict.APPLY:
             target.apply(module, decision)
         here = decision.verdict is not Verdict.UNRECOGNIZED or concerns(patch, devices())
@@ -267,7 +267,7 @@ def watch(name: str, module: str, label: str, load: Callable[[], Patch], disable
         record(name, label, Status.FAILED, f"{type(exc).__name__}: {exc}")
 
 
-def install(patches: Iterable[Patch], disabled: frozenset[str]) -> None:
+def watch_patches(patches: Iterable[Patch], disabled: frozenset[str]) -> None:
     """Register ``patches`` whose specs are at hand (the hooks go through ``watch`` with the target index instead),
     each target once per process, except the ``disabled`` ones; never raises. Targets already imported are handled
     right away: any mix of the start-up hook, the entry points and VERL_USE_EXTERNAL_MODULES patches exactly once."""

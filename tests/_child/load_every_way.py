@@ -7,10 +7,10 @@ from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: F401
 from verl.models.transformers import monkey_patch
 
 from verl_qwen3vl_plugin import originals
-from verl_qwen3vl_plugin.hooks import install
+from verl_qwen3vl_plugin.hooks import watch_group
 from verl_qwen3vl_plugin.registry import MODEL
 
-install(MODEL)
+watch_group(MODEL)
 assert monkey_patch.apply_monkey_patch.__wrapped__ is originals.original(monkey_patch, "apply_monkey_patch")
 assert originals.original(monkey_patch, "apply_monkey_patch").__code__.co_filename == monkey_patch.__file__
 print("ok")

@@ -28,10 +28,10 @@ class SynthesizedFinder:
 sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), SynthesizedFinder)
 import verl_qwen3vl_plugin as plugin  # noqa: E402
 from verl_qwen3vl_plugin import originals  # noqa: E402
-from verl_qwen3vl_plugin.hooks import install  # noqa: E402
+from verl_qwen3vl_plugin.hooks import watch_group  # noqa: E402
 from verl_qwen3vl_plugin.patches import PATCHES  # noqa: E402
 
-install(next(p.group for p in PATCHES if p.name == patch_name))
+watch_group(next(p.group for p in PATCHES if p.name == patch_name))
 module = importlib.import_module(module_name)
 cls = getattr(module, class_name)
 (status,) = [s for s in plugin.patch_statuses() if (s.patch, s.target) == (patch_name, module_name)]

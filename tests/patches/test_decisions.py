@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import POS_EMBED_USED, VERL, child_json, judge, last_json, run_child, source_text, use_sources
-from verl_qwen3vl_plugin import compat
-from verl_qwen3vl_plugin.compat import parse
+from verl_qwen3vl_plugin import environment
+from verl_qwen3vl_plugin.environment import parse
 from verl_qwen3vl_plugin.patches import (
     NAMES,
     npu_qwen3_vl_moe_routing,
@@ -83,12 +83,12 @@ def test_unreadable_source_is_unrecognized(monkeypatch, tmp_path):
     """A file that exists but cannot be read as UTF-8: the hooks' own read path, not a synthesized Source."""
     bad = tmp_path / "bad.py"
     bad.write_bytes(b"\xff\xfe not utf-8")
-    monkeypatch.setattr(compat, "module_path", lambda name: bad)
-    compat.installed.cache_clear()
+    monkeypatch.setattr(environment, "module_path", lambda name: bad)
+    environment.source_of.cache_clear()
     try:
-        source = compat.installed(NPU_PATCH)
+        source = environment.source_of(NPU_PATCH)
     finally:
-        compat.installed.cache_clear()
+        environment.source_of.cache_clear()
     assert source.tree is None and source.problem.startswith("cannot be read")
     assert decide(NPU, NPU_BLOCK, source, frozenset()).verdict is Verdict.UNRECOGNIZED
 

@@ -35,7 +35,7 @@ from tests.source_edits import (
     substitute,
     unpermute_with_float_weights,
 )
-from verl_qwen3vl_plugin.hooks import install
+from verl_qwen3vl_plugin.hooks import watch_group
 from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
 from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
 from verl_qwen3vl_plugin.registry import NPU, Status, Verdict, patch_statuses
@@ -92,7 +92,7 @@ def npu():
         verl_experts_forward = experts.forward
         engine = importlib.import_module(FSDP_ENGINE)  # verl's FSDP engine: the weight-sync patch's targets
         verl_unfuse = getattr(engine, "unfuse_moe_params", None)
-        install(NPU)  # npu_patch is already imported: the hooks act right away
+        watch_group(NPU)  # npu_patch is already imported: the hooks act right away
         yield SimpleNamespace(
             hf_block=hf_block,
             npu_block=block,
@@ -271,11 +271,11 @@ def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
     """Routing replay's third router: verl's Ascend block takes its top-k ids from the record (all-equal rows of no
     record keep the block's own), in training, and its gate still gets a gradient."""
     from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay_patch
-    from verl_qwen3vl_plugin.registry import install
+    from verl_qwen3vl_plugin.registry import watch_patches
     from verl_qwen3vl_plugin.replacements.routing_replay import routes
     from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay import chosen_experts
 
-    install([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
+    watch_patches([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
     model = npu_model(npu, "hidden_ne_2i").train()
     slots = routes.slots(model)
     assert {type(router) for router in slots} == {npu.npu_block}

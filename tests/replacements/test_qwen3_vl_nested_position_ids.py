@@ -8,7 +8,7 @@ import torch
 from verl.utils import tensordict_utils
 
 from tests.helpers import VERL, child_json, judge
-from verl_qwen3vl_plugin.compat import parse
+from verl_qwen3vl_plugin.environment import parse
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import FUNCTION, PATCH, judge_function
 from verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids import (
     canonical_micro_batches,

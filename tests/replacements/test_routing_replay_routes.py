@@ -113,13 +113,13 @@ def test_replaying_a_routers_own_routes_returns_what_upstream_returns_in_bf16(mo
     forward, bit for bit, dtypes included."""
     import importlib
 
-    from verl_qwen3vl_plugin import compat
+    from verl_qwen3vl_plugin import environment, syntax
     from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import _forward, returns_probabilities
     from verl_qwen3vl_plugin.replacements.routing_replay.routers import top_k_router_replay
     from verl_qwen3vl_plugin.selftest.tiny_models import QWEN3_5_MOE_TEXT
 
-    tree = compat.tree(module)
-    if tree is None or compat.find_class(tree, cls_name) is None:
+    tree = environment.tree(module)
+    if tree is None or syntax.find_class(tree, cls_name) is None:
         pytest.skip(f"no {cls_name} in this transformers")
     config = type("Config", (), dict(QWEN3_5_MOE_TEXT, num_experts=8))
     router = getattr(importlib.import_module(module), cls_name)(config).bfloat16()

@@ -9,7 +9,7 @@ from functools import partial
 from verl_qwen3vl_plugin.registry import DISABLE_ENV, HOOK_MODULES, Status, disable_list, logger, record, watch
 
 
-def install(group: str) -> None:
+def watch_group(group: str) -> None:
     """What a hook module does: watch the targets of ``group``'s patches, minus those the user disabled, from the
     generated target index (no patch module is imported until a target is); never raises."""
     try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, DP_CRITIC, ENGINE_UTILS, FSDP_ENGINE, SEQLEN_BALANCING
 
@@ -74,20 +74,20 @@ def _count_syncs(split: ast.FunctionDef) -> list[ast.Call]:
     """The all-reduces of the micro-batch count (``num_micro_batches``) over ``group=dp_group``."""
     return [
         c
-        for c in compat.call_nodes(split, "all_reduce")
+        for c in syntax.call_nodes(split, "all_reduce")
         if _keyword(c, "group", "dp_group") and [ast.unparse(a) for a in c.args[:1]] == ["num_micro_batches"]
     ]
 
 
 def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
     """verl's ``prepare_dynamic_batch`` and ``rearrange_micro_batches``, where the first hands its group on."""
-    tree = compat.tree(SEQLEN_BALANCING)
-    prepare, split = compat.find_function(tree, FUNCTION), compat.find_function(tree, SPLITTER)
+    tree = environment.tree(SEQLEN_BALANCING)
+    prepare, split = syntax.find_function(tree, FUNCTION), syntax.find_function(tree, SPLITTER)
     if prepare is None or split is None:
         return unrecognized(f"{SEQLEN_BALANCING} lacks {FUNCTION} or {SPLITTER}")
-    if compat.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
+    if syntax.parameters(prepare)[:3] != ["data", "max_token_len", "dp_group"]:
         return unrecognized(f"{FUNCTION} is not (data, max_token_len, dp_group, ...)")
-    if not any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER)):
+    if not any(_keyword(c, "dp_group", "dp_group") for c in syntax.call_nodes(prepare, SPLITTER)):
         return unrecognized(f"{FUNCTION} does not hand dp_group to {SPLITTER}")
     return prepare, split
 
@@ -141,14 +141,14 @@ def _clauses(test: ast.expr) -> list[ast.expr]:
 
 def decide_caller(module: str, tree: ast.Module) -> Decision:
     cls_name, methods = CALLERS[module]
-    cls = compat.find_class(tree, cls_name)
+    cls = syntax.find_class(tree, cls_name)
     imported = any(
         isinstance(n, ast.ImportFrom)
         and n.module == SEQLEN_BALANCING
         and any(a.name == FUNCTION and not a.asname for a in n.names)
         for n in tree.body
     )
-    per_method = [compat.call_nodes(compat.find_function(cls, m) or ast.Pass(), FUNCTION) for m in methods]
+    per_method = [syntax.call_nodes(syntax.find_function(cls, m) or ast.Pass(), FUNCTION) for m in methods]
     calls = [c for found in per_method for c in found]
     if cls is None or not imported or any(len(found) != 1 for found in per_method):
         return unrecognized(f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})")
@@ -170,23 +170,23 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
 
 def decide_engine() -> Decision:
     """verl >= 0.8, where the legacy modules are gone: every split of the FSDP engine must be given its DP group."""
-    engine, utils = compat.find_class(compat.tree(FSDP_ENGINE), "FSDPEngine"), compat.tree(ENGINE_UTILS)
-    prepare = compat.find_function(utils, "prepare_micro_batches")
+    engine, utils = syntax.find_class(environment.tree(FSDP_ENGINE), "FSDPEngine"), environment.tree(ENGINE_UTILS)
+    prepare = syntax.find_function(utils, "prepare_micro_batches")
     hands_on = (
         prepare is not None
-        and compat.parameters(prepare)[:2] == ["data", "dp_group"]
-        and any(_keyword(c, "dp_group", "dp_group") for c in compat.call_nodes(prepare, SPLITTER))
+        and syntax.parameters(prepare)[:2] == ["data", "dp_group"]
+        and any(_keyword(c, "dp_group", "dp_group") for c in syntax.call_nodes(prepare, SPLITTER))
     )
     found = _balancing()
     syncs = not isinstance(found, Decision) and len(_count_syncs(found[1])) == 1
-    method = compat.find_function(engine, "forward_backward_batch")
-    calls = compat.call_nodes(engine, "prepare_micro_batches") if engine else []
-    direct = [f for f in (FUNCTION, SPLITTER) if engine and compat.calls(engine, f)]
+    method = syntax.find_function(engine, "forward_backward_batch")
+    calls = syntax.call_nodes(engine, "prepare_micro_batches") if engine else []
+    direct = [f for f in (FUNCTION, SPLITTER) if engine and syntax.calls(engine, f)]
     if (
         hands_on
         and not direct
         and method is not None
-        and compat.calls(method, "prepare_micro_batches")
+        and syntax.calls(method, "prepare_micro_batches")
         and all(_passes_group(c, 1) for c in calls)
         and syncs
     ):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import originals, syntax
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
@@ -31,7 +31,7 @@ EXPERTS_SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices
 
 def _eval_only_scatter(forward: ast.FunctionDef) -> bool:
     return any(
-        isinstance(n, ast.If) and compat.is_not_training(n.test) and compat.calls(n, "scatter_")
+        isinstance(n, ast.If) and syntax.is_not_training(n.test) and syntax.calls(n, "scatter_")
         for n in ast.walk(forward)
     )
 
@@ -41,9 +41,9 @@ def _always_scatters(forward: ast.FunctionDef) -> bool:
     without a reference to the mode."""
     return any(
         not isinstance(stmt, ast.If)
-        and compat.calls(stmt, "scatter_")
+        and syntax.calls(stmt, "scatter_")
         and not any(isinstance(n, ast.IfExp) for n in ast.walk(stmt))
-        and not compat.mentions(stmt, "training")
+        and not syntax.mentions(stmt, "training")
         for stmt in forward.body
     )
 
@@ -82,11 +82,11 @@ EVAL_ONLY_SCATTER, TOP_K_EXPERTS, ALWAYS_SCATTERS = (
 
 
 def decide(tree: ast.Module) -> Decision:
-    block = compat.find_function(compat.find_class(tree, BLOCK), "forward")
-    experts = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
+    block = syntax.find_function(syntax.find_class(tree, BLOCK), "forward")
+    experts = syntax.find_function(syntax.find_class(tree, EXPERTS), "forward")
     if block is None or experts is None:
         return unrecognized(f"no {BLOCK}.forward or {EXPERTS}.forward in verl's npu_patch")
-    if compat.parameters(block) != ["self", "hidden_states"] or compat.parameters(experts) != EXPERTS_SIGNATURE:
+    if syntax.parameters(block) != ["self", "hidden_states"] or syntax.parameters(experts) != EXPERTS_SIGNATURE:
         return unrecognized(f"{BLOCK}.forward or {EXPERTS}.forward has an unknown signature")
     if _always_scatters(block) and not _eval_only_scatter(block):
         return Decision(

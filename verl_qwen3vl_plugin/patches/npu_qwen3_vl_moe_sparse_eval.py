@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import originals, syntax
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
@@ -32,7 +32,7 @@ def _gmm_operands(node: ast.AST) -> list[str]:
     """The weight operand of each ``NPUGmmFunction.apply(x, weight, counts)`` in ``node``, as source text."""
     return [
         ast.unparse(c.args[1])
-        for c in compat.call_nodes(node, "apply")
+        for c in syntax.call_nodes(node, "apply")
         if isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value) == GMM and len(c.args) == 3
     ]
 
@@ -40,24 +40,24 @@ def _gmm_operands(node: ast.AST) -> list[str]:
 def _grouped(node: ast.AST) -> bool:
     """verl's grouped path: permute, gate_up GEMM, swiglu, down GEMM, unpermute."""
     return (
-        all(compat.calls(node, op) for op in ("npu_moe_token_permute", "npu_swiglu", "npu_moe_token_unpermute"))
+        all(syntax.calls(node, op) for op in ("npu_moe_token_permute", "npu_swiglu", "npu_moe_token_unpermute"))
         and _gmm_operands(node) == ["self.gate_up_proj", "self.down_proj"]
-        and not any(compat.calls(node, op) for op in DENSE_OPS)
+        and not any(syntax.calls(node, op) for op in DENSE_OPS)
     )
 
 
 def decide(tree: ast.Module) -> Decision:
-    forward = compat.find_function(compat.find_class(tree, EXPERTS), "forward")
-    if forward is None or compat.find_class(tree, GMM) is None:
+    forward = syntax.find_function(syntax.find_class(tree, EXPERTS), "forward")
+    if forward is None or syntax.find_class(tree, GMM) is None:
         return unrecognized(f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
-    if compat.parameters(forward) != SIGNATURE:
+    if syntax.parameters(forward) != SIGNATURE:
         return unrecognized(f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})")
-    branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and compat.mentions(n.test, "training")]
+    branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and syntax.mentions(n.test, "training")]
     if not branches and _grouped(forward):
         return Decision(Verdict.FIXED_UPSTREAM, "grouped-in-every-mode", f"{EXPERTS}.forward is grouped in every mode")
     if len(branches) == 1 and ast.unparse(branches[0].test) == "self.training":
         training, other = ast.Module(branches[0].body, []), ast.Module(branches[0].orelse, [])
-        if _grouped(training) and compat.calls(other, "bmm") and compat.calls(other, "repeat"):
+        if _grouped(training) and syntax.calls(other, "bmm") and syntax.calls(other, "repeat"):
             return Decision(
                 Verdict.APPLY,
                 "dense-eval",

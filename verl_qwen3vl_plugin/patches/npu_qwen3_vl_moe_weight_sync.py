@@ -33,7 +33,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import FSDP_ENGINE, FSDP_ENGINE_UTILS, NPU_PATCH
 
@@ -109,7 +109,7 @@ def _unfuses(value: ast.expr) -> bool:
 
 
 def _per_tensor_param(caller: ast.Module | None) -> ast.FunctionDef | None:
-    return compat.find_function(compat.find_class(caller, ENGINE), "get_per_tensor_param")
+    return syntax.find_function(syntax.find_class(caller, ENGINE), "get_per_tensor_param")
 
 
 def _stream_shape(method: ast.FunctionDef) -> str | None:
@@ -118,17 +118,17 @@ def _stream_shape(method: ast.FunctionDef) -> str | None:
     unfused = [v for v in values if _unfuses(v)]
     if not values or not all(_keeps_names(v) or _quantizes(v) or _unfuses(v) for v in values):
         return None
-    if not unfused and not compat.calls(method, FUNCTION):
+    if not unfused and not syntax.calls(method, FUNCTION):
         return "stored"
-    return "unfused" if len(unfused) == 1 and len(compat.call_nodes(method, FUNCTION)) == 1 else None
+    return "unfused" if len(unfused) == 1 and len(syntax.call_nodes(method, FUNCTION)) == 1 else None
 
 
 def npu_experts_layout() -> Decision | None:
     """None when verl's NPU experts keep transformers 4.57's layout (the affected case), else the verdict."""
-    init = compat.find_function(compat.find_class(compat.tree(NPU_PATCH), EXPERTS), "__init__")
+    init = syntax.find_function(syntax.find_class(environment.tree(NPU_PATCH), EXPERTS), "__init__")
     if init is None:
         return unrecognized(f"no {EXPERTS}.__init__ in verl's npu_patch")
-    shape = compat.empty_shape(init, "gate_up_proj")
+    shape = syntax.empty_shape(init, "gate_up_proj")
     if shape == ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]:
         return None
     if shape == ["self.num_experts", "2 * self.expert_dim", "self.hidden_size"]:
@@ -154,13 +154,13 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
 
 
 def decide_utils(tree: ast.Module) -> Decision:
-    func = compat.find_function(tree, FUNCTION)
+    func = syntax.find_function(tree, FUNCTION)
     if func is None:
-        return _streams_as_stored(compat.tree(FSDP_ENGINE))
-    parameters = compat.parameters(func)
+        return _streams_as_stored(environment.tree(FSDP_ENGINE))
+    parameters = syntax.parameters(func)
     if parameters[:1] != ["weights"] or "model_type" not in parameters:  # what the wrapper reads; the rest pass
         return unrecognized(f"{FUNCTION} is not (weights, ..., model_type, ...)")
-    if not (compat.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
+    if not (syntax.has_string(func, ".mlp.experts.gate_up_proj") and _splits_transformers5_layout(func)):
         return unrecognized(f"{FUNCTION} does not split gate_up_proj with chunk(2, dim=1)")
     return npu_experts_layout() or Decision(
         Verdict.APPLY,
@@ -173,17 +173,17 @@ def decide_caller(tree: ast.Module) -> Decision:
     method = _per_tensor_param(tree)
     if method is None or _stream_shape(method) != "unfused":
         return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
-    utils = compat.tree(FSDP_ENGINE_UTILS)
-    if compat.find_function(utils, FUNCTION) is None:
+    utils = environment.tree(FSDP_ENGINE_UTILS)
+    if syntax.find_function(utils, FUNCTION) is None:
         return unrecognized(f"get_per_tensor_param calls {FUNCTION}, which {FSDP_ENGINE_UTILS} lacks")
     return decide_utils(utils)
 
 
 def decide_shard_export(tree: ast.Module) -> Decision:
-    engine = compat.find_class(tree, ENGINE)
+    engine = syntax.find_class(tree, ENGINE)
     if engine is None:
         return unrecognized(f"no {ENGINE} in {FSDP_ENGINE}")
-    readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and compat.mentions(f, "state_dict")}
+    readers = {f.name for f in engine.body if isinstance(f, ast.FunctionDef) and syntax.mentions(f, "state_dict")}
     unknown = sorted(readers - STATE_DICT_READERS)
     if unknown:
         return unrecognized(f"{ENGINE}.{', '.join(unknown)} read the state dict in an unknown way")

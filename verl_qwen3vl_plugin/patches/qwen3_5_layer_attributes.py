@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 
@@ -73,7 +73,7 @@ def verl_reads(tree: ast.Module) -> set[str]:
     return {
         node.attr
         for func in ast.walk(tree)
-        if isinstance(func, ast.FunctionDef) and compat.parameters(func)[:1] == ["self"]
+        if isinstance(func, ast.FunctionDef) and syntax.parameters(func)[:1] == ["self"]
         for node in ast.walk(func)
         if isinstance(node, ast.Attribute)
         and isinstance(node.ctx, ast.Load)
@@ -84,15 +84,15 @@ def verl_reads(tree: ast.Module) -> set[str]:
 
 
 def _sets(cls: ast.ClassDef | None, attr: str) -> bool:
-    init = compat.find_function(cls, "__init__")
-    return init is not None and compat.assigns_attribute(init, attr)
+    init = syntax.find_function(cls, "__init__")
+    return init is not None and syntax.assigns_attribute(init, attr)
 
 
 def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str, str], list[str]] | str:
     """(renamed attribute -> its new name, kernel attributes) that ``reads`` needs and the family's classes lack, or
     why the classes are no known shape."""
-    decoder = compat.find_class(tree, f"{family.prefix}DecoderLayer")
-    delta_net = compat.find_class(tree, f"{family.prefix}GatedDeltaNet")
+    decoder = syntax.find_class(tree, f"{family.prefix}DecoderLayer")
+    delta_net = syntax.find_class(tree, f"{family.prefix}GatedDeltaNet")
     renamed = {}
     for old, new in RENAMED.items():
         if old not in reads or _sets(decoder, old):
@@ -104,7 +104,7 @@ def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str
     for attr in sorted(reads & KERNELS.keys()):
         if _sets(delta_net, attr):
             continue
-        if not compat.called_decorator(compat.find_function(tree, KERNELS[attr]), DISPATCHER):
+        if not syntax.called_decorator(syntax.find_function(tree, KERNELS[attr]), DISPATCHER):
             return f"{family.prefix}GatedDeltaNet sets no {attr}, and {KERNELS[attr]} is no @{DISPATCHER} function"
         kernels.append(attr)
     return renamed, kernels
@@ -113,7 +113,7 @@ def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str
 def _reading_no_old_name(verl: ast.Module) -> Decision:
     """verl's Qwen3.5 module when no function of it reads an old name on ``self``."""
     layers = layer_forwards(verl)
-    if not layers and compat.find_function(verl, MODEL_FORWARD) is not None:
+    if not layers and syntax.find_function(verl, MODEL_FORWARD) is not None:
         return Decision(
             Verdict.NOT_USED,
             "verl0.8-no-layer-forwards",
@@ -133,7 +133,7 @@ def _reading_no_old_name(verl: ast.Module) -> Decision:
 
 
 def decide(tree: ast.Module, family: Family) -> Decision:
-    verl = compat.installed(QWEN3_5.verl_forward)
+    verl = environment.source_of(QWEN3_5.verl_forward)
     if verl.tree is None:
         if verl.missing:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", QWEN3_5.missing("verl"))
@@ -165,7 +165,7 @@ def _target(family: Family) -> Target:
     def apply(module: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.replacements.qwen3_5_layer_attributes import dispatched_kernel, renamed_attribute
 
-        found = missing(compat.tree(family.modeling), family, verl_reads(compat.tree(QWEN3_5.verl_forward)))
+        found = missing(environment.tree(family.modeling), family, verl_reads(environment.tree(QWEN3_5.verl_forward)))
         renamed, kernels = found  # the decision was APPLY on this very source
         for old, new in renamed.items():
             originals.add(getattr(module, f"{family.prefix}DecoderLayer"), old, renamed_attribute(new))

@@ -34,7 +34,7 @@ import ast
 import importlib.util
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes import DISPATCHER
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
@@ -53,36 +53,36 @@ def fla_in_use() -> bool:
     installed at all where transformers (>= 5.16) picks the kernel at import, on any device."""
     if importlib.util.find_spec("fla") is None:
         return False
-    at_import = compat.called_decorator(
-        compat.find_function(compat.installed(QWEN3_5.modeling).tree, FALLBACK), DISPATCHER
+    at_import = syntax.called_decorator(
+        syntax.find_function(environment.source_of(QWEN3_5.modeling).tree, FALLBACK), DISPATCHER
     )
-    return at_import or compat.devices()["cuda"]
+    return at_import or environment.devices()["cuda"]
 
 
 def _fallback_takes_kwargs() -> bool | None:
     """Whether transformers' torch chunked rule takes ``**kwargs`` (>= 5.9: verl's ``cu_seqlens`` check passes and
     the boundaries are ignored); None where it cannot be read."""
-    func = compat.find_function(compat.installed(QWEN3_5.modeling).tree, FALLBACK)
+    func = syntax.find_function(environment.source_of(QWEN3_5.modeling).tree, FALLBACK)
     return None if func is None else func.args.kwarg is not None
 
 
 def decide_verl(tree: ast.Module) -> Decision:
-    func = compat.find_function(tree, FUNCTION)
+    func = syntax.find_function(tree, FUNCTION)
     if func is None:
-        if compat.find_function(tree, "qwen3_5_base_forward") is not None:
+        if syntax.find_function(tree, "qwen3_5_base_forward") is not None:
             return Decision(
                 Verdict.NOT_USED,
                 "verl0.8-no-delta-net-forward",
                 "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)",
             )
         return unrecognized(f"{QWEN3_5.verl_forward} has neither {FUNCTION} nor qwen3_5_base_forward")
-    helper = compat.find_function(tree, "_packed_chunk_gated_delta_rule")
+    helper = syntax.find_function(tree, "_packed_chunk_gated_delta_rule")
     if (
-        compat.parameters(func) != PARAMETERS
+        syntax.parameters(func) != PARAMETERS
         or helper is None
-        or not compat.calls(func, helper.name)
-        or not compat.calls(helper, "_call_accepts_kwarg")
-        or not compat.has_string(helper, "cu_seqlens")
+        or not syntax.calls(func, helper.name)
+        or not syntax.calls(helper, "_call_accepts_kwarg")
+        or not syntax.has_string(helper, "cu_seqlens")
     ):
         return unrecognized(f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)")
     if fla_in_use():
@@ -113,20 +113,20 @@ def decide_verl(tree: ast.Module) -> Decision:
 def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
     calls = [
         n
-        for n in compat.call_nodes(decoder_forward, "linear_attn")
+        for n in syntax.call_nodes(decoder_forward, "linear_attn")
         if isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
     ]
     return {k.arg for k in calls[0].keywords} if len(calls) == 1 else None
 
 
 def decide_transformers(tree: ast.Module, family: Family) -> Decision:
-    verl = compat.installed(QWEN3_5.verl_forward)
+    verl = environment.source_of(QWEN3_5.verl_forward)
     if verl.tree is None:
         if verl.missing:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", NO_VERL_QWEN3_5)
         return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
-    if compat.find_function(verl.tree, FUNCTION) is not None and compat.mentions(
-        compat.installed(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
+    if syntax.find_function(verl.tree, FUNCTION) is not None and syntax.mentions(
+        environment.source_of(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
         return Decision(
             Verdict.NOT_USED,
@@ -134,14 +134,14 @@ def decide_transformers(tree: ast.Module, family: Family) -> Decision:
             f"verl replaces this layer's forward with its {FUNCTION} (its own target)",
         )
     prefix = family.prefix
-    layer = compat.find_function(compat.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
-    decoder = compat.find_function(compat.find_class(tree, f"{prefix}DecoderLayer"), "forward")
+    layer = syntax.find_function(syntax.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
+    decoder = syntax.find_function(syntax.find_class(tree, f"{prefix}DecoderLayer"), "forward")
     if layer is None or decoder is None:
         return unrecognized(f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward")
     keywords = _linear_attn_keywords(decoder)
     if (
-        compat.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
-        or "position_ids" not in compat.parameters(decoder)
+        syntax.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
+        or "position_ids" not in syntax.parameters(decoder)
         or keywords is None
         or "hidden_states" not in keywords
         or keywords & {"cu_seqlens", "cu_seq_lens_q", "seq_idx"}

@@ -38,7 +38,7 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH, ROLLOUT_SETTING
@@ -59,7 +59,7 @@ NPU_BLOCK_ROUTES = "npu-block-routes-itself"
 
 
 def _forward(tree: ast.Module | None, cls_name: str) -> ast.FunctionDef | None:
-    return compat.find_function(compat.find_class(tree, cls_name), "forward")
+    return syntax.find_function(syntax.find_class(tree, cls_name), "forward")
 
 
 def _returns(func: ast.FunctionDef) -> list[int]:
@@ -72,17 +72,17 @@ def _returns(func: ast.FunctionDef) -> list[int]:
 
 
 def _experts_call(func: ast.FunctionDef) -> bool:
-    return any(len(c.args) == 3 and ast.unparse(c.func) == "self.experts" for c in compat.call_nodes(func, "experts"))
+    return any(len(c.args) == 3 and ast.unparse(c.func) == "self.experts" for c in syntax.call_nodes(func, "experts"))
 
 
 def _routes_itself(forward: ast.FunctionDef | None, returns: int) -> bool:
     """4.57's sparse block shape, and verl's Ascend copy of it."""
     return (
         forward is not None
-        and compat.parameters(forward) == ["self", "hidden_states"]
-        and compat.calls_self(forward, "gate")
-        and compat.calls(forward, "softmax")
-        and compat.calls(forward, "topk")
+        and syntax.parameters(forward) == ["self", "hidden_states"]
+        and syntax.calls_self(forward, "gate")
+        and syntax.calls(forward, "softmax")
+        and syntax.calls(forward, "topk")
         and _experts_call(forward)
         and set(_returns(forward)) == {returns}
     )
@@ -98,9 +98,9 @@ def decide_sparse_block(tree: ast.Module) -> Decision:
         )
     if (
         forward is not None
-        and compat.calls_self(forward, "gate")
-        and not compat.calls(forward, "topk")
-        and compat.find_class(tree, ROUTER) is not None
+        and syntax.calls_self(forward, "gate")
+        and not syntax.calls(forward, "topk")
+        and syntax.find_class(tree, ROUTER) is not None
     ):
         return Decision(
             Verdict.NOT_USED,
@@ -117,7 +117,7 @@ def returns_probabilities(forward: ast.FunctionDef) -> bool:
         isinstance(n, ast.Assign)
         and [ast.unparse(t) for t in n.targets] == ["router_logits"]
         and isinstance(n.value, ast.Call)
-        and compat.calls(n.value, "softmax")
+        and syntax.calls(n.value, "softmax")
         for n in ast.walk(forward)
     )
 
@@ -127,10 +127,10 @@ def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
     if forward is None:
         return unrecognized(f"no {router}.forward")
     known = (
-        compat.parameters(forward) == ["self", "hidden_states"]
-        and any("self.weight" in ast.unparse(c) for c in compat.call_nodes(forward, "linear"))
-        and compat.calls(forward, "softmax")
-        and compat.calls(forward, "topk")
+        syntax.parameters(forward) == ["self", "hidden_states"]
+        and any("self.weight" in ast.unparse(c) for c in syntax.call_nodes(forward, "linear"))
+        and syntax.calls(forward, "softmax")
+        and syntax.calls(forward, "topk")
         and set(_returns(forward)) == {3}
     )
     if not known:
@@ -144,7 +144,7 @@ def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
 
 def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
     """transformers 4.57 has no top-k router: its sparse block routes, and the sparse block target acts there."""
-    if compat.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
+    if syntax.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
         return Decision(
             Verdict.NOT_USED,
             "tf4.57-no-top-k-router",
@@ -169,22 +169,22 @@ def decide_npu_block(tree: ast.Module) -> Decision:
 
 
 def _no_upstream_replay(*classes: ast.ClassDef) -> bool:
-    return not any(compat.mentions(c, text) for c in classes for text in UPSTREAM_REPLAY)
+    return not any(syntax.mentions(c, text) for c in classes for text in UPSTREAM_REPLAY)
 
 
 def _selects(func: ast.FunctionDef | None) -> bool:
-    return func is not None and compat.parameters(func)[:2] == ["self", "data"] and compat.calls(func, "select")
+    return func is not None and syntax.parameters(func)[:2] == ["self", "data"] and syntax.calls(func, "select")
 
 
 def decide_actor(tree: ast.Module) -> Decision:
-    cls = compat.find_class(tree, ACTOR)
-    step = compat.find_function(cls, "_forward_micro_batch")
-    if step is None or compat.parameters(step)[:2] != ["self", "micro_batch"]:
+    cls = syntax.find_class(tree, ACTOR)
+    step = syntax.find_function(cls, "_forward_micro_batch")
+    if step is None or syntax.parameters(step)[:2] != ["self", "micro_batch"]:
         return unrecognized(f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)")
-    if not all(compat.calls(step, name) for name in ACTOR_LAYOUT):
+    if not all(syntax.calls(step, name) for name in ACTOR_LAYOUT):
         return unrecognized(f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way")
     if not (
-        _selects(compat.find_function(cls, "compute_log_prob")) and _selects(compat.find_function(cls, "update_policy"))
+        _selects(syntax.find_function(cls, "compute_log_prob")) and _selects(syntax.find_function(cls, "update_policy"))
     ):
         return unrecognized(f"{ACTOR}.compute_log_prob / update_policy do not select their keys")
     if not _no_upstream_replay(cls):
@@ -197,14 +197,14 @@ def decide_actor(tree: ast.Module) -> Decision:
 
 
 def decide_worker(tree: ast.Module) -> Decision:
-    cls = compat.find_class(tree, WORKER)
-    method = compat.find_function(cls, "compute_log_prob")
-    if method is None or compat.parameters(method) != ["self", "data"]:
+    cls = syntax.find_class(tree, WORKER)
+    method = syntax.find_function(cls, "compute_log_prob")
+    if method is None or syntax.parameters(method) != ["self", "data"]:
         return unrecognized(f"no {WORKER}.compute_log_prob(self, data)")
     builds = any(
-        ast.unparse(c.func) == "self.actor.compute_log_prob" for c in compat.call_nodes(method, "compute_log_prob")
+        ast.unparse(c.func) == "self.actor.compute_log_prob" for c in syntax.call_nodes(method, "compute_log_prob")
     )
-    if not (builds and compat.calls(method, "from_dict")) or not _no_upstream_replay(method):
+    if not (builds and syntax.calls(method, "from_dict")) or not _no_upstream_replay(method):
         return unrecognized(f"{WORKER}.compute_log_prob builds its output in an unknown way")
     return Decision(Verdict.APPLY, "verl0.7-worker-log-probs-only", f"{WORKER}.compute_log_prob returns log-probs only")
 
@@ -212,25 +212,25 @@ def decide_worker(tree: ast.Module) -> Decision:
 def _sets_pad_size(func: ast.FunctionDef) -> bool:
     return any(
         isinstance(n, ast.Assign)
-        and any(isinstance(t, ast.Subscript) and compat.has_string(t.slice, "pad_size") for t in n.targets)
+        and any(isinstance(t, ast.Subscript) and syntax.has_string(t.slice, "pad_size") for t in n.targets)
         for n in ast.walk(func)
     )
 
 
 def decide_engine(tree: ast.Module | None) -> Decision:
-    base, lm = compat.find_class(tree, ENGINE_CLASS), compat.find_class(tree, ENGINE_LM_CLASS)
-    batch = compat.find_function(base, "forward_backward_batch")
-    inputs = compat.find_function(lm, "prepare_model_inputs")
-    outputs = compat.find_function(lm, "prepare_model_outputs")
-    if batch is None or compat.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
+    base, lm = syntax.find_class(tree, ENGINE_CLASS), syntax.find_class(tree, ENGINE_LM_CLASS)
+    batch = syntax.find_function(base, "forward_backward_batch")
+    inputs = syntax.find_function(lm, "prepare_model_inputs")
+    outputs = syntax.find_function(lm, "prepare_model_outputs")
+    if batch is None or syntax.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
         return unrecognized(f"no {ENGINE_CLASS}.forward_backward_batch(self, data, loss_function, forward_only)")
     if (
         inputs is None
-        or compat.parameters(inputs) != ["self", "micro_batch"]
-        or not (compat.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
+        or syntax.parameters(inputs) != ["self", "micro_batch"]
+        or not (syntax.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
     ):
         return unrecognized(f"{ENGINE_LM_CLASS}.prepare_model_inputs pads its tokens in an unknown way")
-    if outputs is None or compat.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
+    if outputs is None or syntax.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
         return unrecognized(f"no {ENGINE_LM_CLASS}.prepare_model_outputs(self, output, output_args, micro_batch, ...)")
     if not _no_upstream_replay(base, lm):
         return unrecognized("verl's FSDP engine reads router_replay itself: review the plugin's")
@@ -316,7 +316,7 @@ NO_QWEN3_VL_MOE = not_used_when_absent("no-qwen3_vl_moe", QWEN3_VL_MOE.missing("
 
 def legacy_gone() -> Decision:
     """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
-    engine = decide_engine(compat.tree(FSDP_ENGINE))
+    engine = decide_engine(environment.tree(FSDP_ENGINE))
     if engine.verdict is not Verdict.APPLY:
         return unrecognized(f"no legacy FSDP actor, and {engine.reason}")
     return Decision(

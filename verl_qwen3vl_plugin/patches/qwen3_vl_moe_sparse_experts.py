@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_VL_MOE
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
@@ -37,7 +37,7 @@ LAYOUT = ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]
 def _dense_products(forward: ast.FunctionDef) -> list[str]:
     """The ops in ``forward`` that compute over every expert at once: a dense op, or ``linear`` / ``@`` on a whole
     packed parameter (transformers 5's eager loop indexes one expert's slice: ``self.gate_up_proj[expert_idx]``)."""
-    found = [op for op in DENSE_OPS if compat.calls(forward, op)]
+    found = [op for op in DENSE_OPS if syntax.calls(forward, op)]
     whole = ("self.gate_up_proj", "self.down_proj")
     for n in ast.walk(forward):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) and ast.unparse(n.right) in whole:
@@ -62,8 +62,8 @@ BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
 
 
 def decide(tree: ast.Module) -> Decision:
-    cls = compat.find_class(tree, EXPERTS)
-    forward = compat.find_function(cls, "forward")
+    cls = syntax.find_class(tree, EXPERTS)
+    forward = syntax.find_function(cls, "forward")
     if cls is None or forward is None:
         return unrecognized(f"no {EXPERTS}.forward in this transformers")
     dense = _dense_products(forward)
@@ -76,11 +76,11 @@ def decide(tree: ast.Module) -> Decision:
             "tf5-experts-implementation",
             f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (transformers 5)",
         )
-    init = compat.find_function(cls, "__init__")
-    layout = compat.empty_shape(init, "gate_up_proj") if init is not None else None
+    init = syntax.find_function(cls, "__init__")
+    layout = syntax.empty_shape(init, "gate_up_proj") if init is not None else None
     if layout != LAYOUT:
         return unrecognized(f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)")
-    if not decorators and compat.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
+    if not decorators and syntax.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
         return Decision(
             Verdict.APPLY,
             "dense-eval",
@@ -91,7 +91,7 @@ def decide(tree: ast.Module) -> Decision:
 
 def replaced_on_npu(devices: dict[str, bool]) -> str | None:
     """On Ascend, verl's npu_patch sets its own block in place of transformers' (and, with it, these experts)."""
-    npu_patch = compat.tree(NPU_PATCH) if devices.get("npu") else None
+    npu_patch = environment.tree(NPU_PATCH) if devices.get("npu") else None
     if npu_patch is not None and any(
         isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == BLOCK for t in n.targets)
         for n in ast.walk(npu_patch)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import (
     ENGINE_BASE,
@@ -79,7 +79,7 @@ def _hands_off_to_normalizer(func: ast.FunctionDef, tree: ast.Module) -> bool:
         isinstance(call, ast.Call)
         and ast.unparse(call.func) == NORMALIZER
         and [ast.unparse(a) for a in call.args] == ["data"]
-        and compat.find_function(tree, NORMALIZER) is not None
+        and syntax.find_function(tree, NORMALIZER) is not None
     )
 
 
@@ -92,10 +92,10 @@ def _imports_function(tree: ast.Module) -> bool:
 
 def judge_function(tree: ast.Module | None) -> Decision:
     """verl's function itself, in ``tensordict_utils``' parsed source."""
-    func = compat.find_function(tree, FUNCTION)
+    func = syntax.find_function(tree, FUNCTION)
     if func is None:
         return unrecognized(f"verl's tensordict_utils has no {FUNCTION}")
-    if compat.parameters(func) != ["data"]:
+    if syntax.parameters(func) != ["data"]:
         return unrecognized(f"{FUNCTION} is not ({FUNCTION}(data))")
     if _sets_index_only(func):
         return Decision(
@@ -115,8 +115,8 @@ def judge_function(tree: ast.Module | None) -> Decision:
 def decider(caller: str):
     def decide(tree: ast.Module) -> Decision:
         if _imports_function(tree):
-            return judge_function(compat.installed(TENSORDICT_UTILS).tree)
-        if compat.find_class(tree, CALLERS[caller]) is not None and not compat.mentions(tree, FUNCTION):
+            return judge_function(environment.source_of(TENSORDICT_UTILS).tree)
+        if syntax.find_class(tree, CALLERS[caller]) is not None and not syntax.mentions(tree, FUNCTION):
             return Decision(
                 Verdict.NOT_USED,
                 "verl0.7.0-no-3d-position-fix",
@@ -131,15 +131,15 @@ def _split_rebuild(tree: ast.Module | None) -> str | None:
     """How verl's micro-batch splits rebuild a nested field: ``"repack"`` with ``as_nested_tensor`` (verl 0.7: an
     equal-length subset comes out rope-packed again), ``"keep"`` with ``nested_tensor_from_tensor_list(...,
     ragged_idx=...)`` (verl >= 0.8: the input's layout kept); None for neither."""
-    splits = [compat.find_function(tree, name) for name in SPLITS]
+    splits = [syntax.find_function(tree, name) for name in SPLITS]
     if tree is None or any(split is None for split in splits):
         return None
-    if any(compat.calls(split, "as_nested_tensor") for split in splits):
+    if any(syntax.calls(split, "as_nested_tensor") for split in splits):
         return "repack"
     keeps = [
         any(
             k.arg == "ragged_idx"
-            for call in compat.call_nodes(split, "nested_tensor_from_tensor_list")
+            for call in syntax.call_nodes(split, "nested_tensor_from_tensor_list")
             for k in call.keywords
         )
         for split in splits
@@ -154,14 +154,14 @@ def _binds_micro_batches(tree: ast.Module) -> bool:
         and n.module == "utils"
         and any(a.name == MICRO_BATCHES for a in n.names)
         for n in tree.body
-    ) and compat.calls(tree, MICRO_BATCHES)
+    ) and syntax.calls(tree, MICRO_BATCHES)
 
 
 def decide_engine(tree: ast.Module) -> Decision:
     """The FSDP engine's micro-batches: the callers' fix runs before the split, so the split must keep the layout."""
     if not _binds_micro_batches(tree):
         return unrecognized(f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils")
-    utils = compat.installed(TENSORDICT_UTILS).tree
+    utils = environment.source_of(TENSORDICT_UTILS).tree
     rebuild = _split_rebuild(utils)
     if rebuild == "keep":
         return Decision(
@@ -171,7 +171,7 @@ def decide_engine(tree: ast.Module) -> Decision:
         )
     if rebuild is None:
         return unrecognized(f"verl's {' and '.join(SPLITS)} rebuild nested fields in no known way")
-    if compat.find_function(utils, FUNCTION) is None:
+    if syntax.find_function(utils, FUNCTION) is None:
         return Decision(
             Verdict.NOT_USED,
             "verl0.7.0-no-3d-position-fix",

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals, vision_towers
+from verl_qwen3vl_plugin import originals, syntax, vision_towers
 from verl_qwen3vl_plugin.families import Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
@@ -63,12 +63,12 @@ def _calls_helper_on_grid(forward: ast.FunctionDef, helper: str) -> bool:
 
 def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls_name = family.vision_class
-    cls = compat.find_class(tree, cls_name)
-    forward, method = compat.find_function(cls, "forward"), compat.find_function(cls, METHOD)
+    cls = syntax.find_class(tree, cls_name)
+    forward, method = syntax.find_function(cls, "forward"), syntax.find_function(cls, METHOD)
     if forward is None:
         return unrecognized(f"no {cls_name}.forward in this transformers")
-    if compat.calls_self(forward, METHOD):
-        if method is None or compat.parameters(method) != ["self", "grid_thw"]:
+    if syntax.calls_self(forward, METHOD):
+        if method is None or syntax.parameters(method) != ["self", "grid_thw"]:
             return unrecognized(f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
         return Decision(
             Verdict.APPLY,
@@ -89,10 +89,10 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
 def decide_monkey_patch(tree: ast.Module) -> Decision:
     """Wrapping is right on any ``apply_monkey_patch``: the wrapper passes every argument through and, after it
     returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
-    func = compat.find_function(tree, "apply_monkey_patch")
+    func = syntax.find_function(tree, "apply_monkey_patch")
     if func is None:
         return unrecognized("verl's monkey_patch has no apply_monkey_patch")
-    if compat.assigns_attribute(func, METHOD):
+    if syntax.assigns_attribute(func, METHOD):
         return Decision(
             Verdict.APPLY,
             "verl0.8-sets-own-method",

@@ -23,7 +23,7 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 
@@ -68,7 +68,7 @@ def _joins_media_in_one_call(func: ast.FunctionDef) -> bool:
     return (
         len(calling) == 1
         and not any(isinstance(n, LOOPS) and _tower_calls(n) for n in ast.walk(func))
-        and any(ast.unparse(call.func) == "torch.cat" for call in compat.call_nodes(calling[0], "cat"))
+        and any(ast.unparse(call.func) == "torch.cat" for call in syntax.call_nodes(calling[0], "cat"))
     )
 
 
@@ -83,12 +83,12 @@ def _returns_outputs(func: ast.FunctionDef, outputs: set[str]) -> bool:
 
 def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
     caller_name, outputs = f"{family.model_type}_base_forward", OUTPUTS[family]
-    func = compat.find_function(tree, FUNCTION)
+    func = syntax.find_function(tree, FUNCTION)
     if func is None:
         return unrecognized(f"no {FUNCTION} in {family.verl_forward}")
-    if compat.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
+    if syntax.parameters(func) != PARAMETERS or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
         return unrecognized(f"{FUNCTION} is not ({', '.join(PARAMETERS)})")
-    caller = compat.find_function(tree, caller_name)
+    caller = syntax.find_function(tree, caller_name)
     if caller is None or not any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == FUNCTION for n in ast.walk(caller)
     ):

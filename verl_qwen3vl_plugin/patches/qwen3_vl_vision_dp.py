@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 
-from verl_qwen3vl_plugin import compat, originals, vision_towers
+from verl_qwen3vl_plugin import environment, originals, syntax, vision_towers
 from verl_qwen3vl_plugin.families import QWEN3_VL, Family
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
@@ -34,18 +34,18 @@ def _returns_known_output(forward: ast.FunctionDef, family: Family) -> bool:
             value = node.value
             if deepstack and isinstance(value, ast.Tuple) and len(value.elts) == 2:
                 return True
-            if isinstance(value, ast.Call) and compat.calls(value, DEEPSTACK_OUTPUT if deepstack else POOLING_OUTPUT):
+            if isinstance(value, ast.Call) and syntax.calls(value, DEEPSTACK_OUTPUT if deepstack else POOLING_OUTPUT):
                 return True
     return False
 
 
 def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
     """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
-    func = compat.find_function(tree, "apply_monkey_patch") if tree is not None else None
+    func = syntax.find_function(tree, "apply_monkey_patch") if tree is not None else None
     if func is None:
         return unrecognized(f"no apply_monkey_patch in {MONKEY_PATCH}")
     slices = any(
-        isinstance(node, ast.Call) and compat.calls(node, VERL_SLICER) and compat.mentions(node, family.line_prefix)
+        isinstance(node, ast.Call) and syntax.calls(node, VERL_SLICER) and syntax.mentions(node, family.line_prefix)
         for node in ast.walk(func)
     )
     if slices:
@@ -59,15 +59,15 @@ def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
 
 def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls_name = family.vision_class
-    forward = compat.find_function(compat.find_class(tree, cls_name), "forward")
+    forward = syntax.find_function(syntax.find_class(tree, cls_name), "forward")
     if forward is None:
         return unrecognized(f"no {cls_name}.forward in this transformers")
-    if compat.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
+    if syntax.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
         return unrecognized(f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
     if not _returns_known_output(forward, family):
         known = f"a pair or {DEEPSTACK_OUTPUT}" if family.line == QWEN3_VL.line else POOLING_OUTPUT
         return unrecognized(f"{cls_name}.forward does not return {known}")
-    verl = decide_verl(compat.tree(MONKEY_PATCH), family)
+    verl = decide_verl(environment.tree(MONKEY_PATCH), family)
     if verl.verdict is not Verdict.APPLY:
         return verl
     reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"

@@ -29,7 +29,7 @@ import ast
 from collections.abc import Callable
 from types import ModuleType
 
-from verl_qwen3vl_plugin import compat, originals
+from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
 
@@ -43,11 +43,11 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
     name = LOGITS[module]
 
     def decide(tree: ast.Module) -> Decision:
-        func = compat.find_function(tree, name)
+        func = syntax.find_function(tree, name)
         if func is None:
             marker = OTHERWISE[module]
-            known = compat.find_function(tree, marker) or compat.find_class(tree, marker)
-            if known is None or compat.mentions(tree, "compute_logits"):
+            known = syntax.find_function(tree, marker) or syntax.find_class(tree, marker)
+            if known is None or syntax.mentions(tree, "compute_logits"):
                 return unrecognized(f"no {name}, and not the module verl 0.7 to 0.9.1 ship")
             other = VLLM_ROLLOUT_UTILS if module == VLLM_ROLLOUT else VLLM_ROLLOUT
             return Decision(
@@ -55,14 +55,14 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
                 "logits-patched-in-other-module",
                 f"no {name} here: this verl patches vLLM's logits in {other}",
             )
-        parameters = compat.parameters(func)
+        parameters = syntax.parameters(func)
         if "banned_token_ids" in parameters:
             return Decision(
                 Verdict.FIXED_UPSTREAM,
                 "verl0.9-banned-token-ids",
                 f"{name} bans the processor's placeholder ids (banned_token_ids)",
             )
-        if parameters == ["model", "vocab_size"] and compat.assigns_attribute(func, "compute_logits"):
+        if parameters == ["model", "vocab_size"] and syntax.assigns_attribute(func, "compute_logits"):
             return Decision(
                 Verdict.APPLY,
                 "verl0.7-logits-without-ban",
@@ -75,9 +75,9 @@ def decider(module: str) -> Callable[[ast.Module], Decision]:
 
 def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
     for node in tree.body:
-        method = compat.find_function(node, POSITIONS) if isinstance(node, ast.ClassDef) else None
-        if method is not None and compat.parameters(method)[:2] == ["self", "input_ids"]:
-            return node if compat.mentions(method, "get_rope_index") else None
+        method = syntax.find_function(node, POSITIONS) if isinstance(node, ast.ClassDef) else None
+        if method is not None and syntax.parameters(method)[:2] == ["self", "input_ids"]:
+            return node if syntax.mentions(method, "get_rope_index") else None
     return None
 
 
@@ -109,7 +109,7 @@ def _logits_target(module: str, absent: str) -> Target:
 def _apply_positions(module: ModuleType, decision: Decision) -> None:
     from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import refuse_strays_in_positions
 
-    owner = _positions_owner(compat.tree(AGENT_LOOP))
+    owner = _positions_owner(environment.tree(AGENT_LOOP))
     originals.wrap(getattr(module, owner.name), POSITIONS, refuse_strays_in_positions)
 
 

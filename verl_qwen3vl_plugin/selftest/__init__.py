@@ -44,10 +44,10 @@ def needs(error: str) -> str | None:
 
 def installed_decision(patch: Patch, target: Target) -> Decision:
     """The probe's decision on the installed code, whatever the user disabled: a self-test checks the patch itself."""
-    from verl_qwen3vl_plugin.compat import installed
+    from verl_qwen3vl_plugin.environment import source_of
     from verl_qwen3vl_plugin.registry import decide
 
-    return decide(patch, target, installed(target.module), frozenset())
+    return decide(patch, target, source_of(target.module), frozenset())
 
 
 def in_child(module: str, name: str, drop: tuple[str, ...] = ()) -> list[Check]:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from verl_qwen3vl_plugin.compat import dist_version
+from verl_qwen3vl_plugin.environment import dist_version
 from verl_qwen3vl_plugin.selftest.tiny_models import MOE_TEXT, randomize, tiny_qwen3_vl_moe_config
 
 EXPERT_TENSORS = ("experts.gate_up_proj", "experts.down_proj")

@@ -8,7 +8,7 @@ as ``torch_npu`` before it is imported, and importing it swaps transformers' Qwe
 process; the weight-sync reference (transformers' own model, streamed by verl's engine) must be built in that
 process before the swap.
 
-Why one child for the three patches, not one each: they are one hook group, ``install(NPU)`` installs all three
+Why one child for the three patches, not one each: they are one hook group, ``watch_group(NPU)`` installs all three
 (two patch the same ``npu_patch`` module), so a child of one patch would set up, import and patch exactly what the
 others' do, and the doctor would pay that (seconds: verl, transformers and a tiny model) three times; and the checks
 build on one another: the sparse-eval checks compare the routing-fixed block's eval run with its training run. So
@@ -81,7 +81,7 @@ def _with_experts_forward(experts_forward):
 
 def checks_here() -> list[Check]:
     """Every NPU patch's checks, in this process (which they leave with verl's npu_patch imported)."""
-    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.hooks import watch_group
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
@@ -118,7 +118,7 @@ def checks_here() -> list[Check]:
         npu_cls = getattr(npu_patch, routing.BLOCK)
         experts_cls = getattr(npu_patch, sparse_eval.EXPERTS)
         verl_forward, verl_experts_forward = npu_cls.forward, experts_cls.forward
-        install(NPU)
+        watch_group(NPU)
         hf, npu = block_pair(hf_cls, npu_cls, num_experts=4)
         if verdicts[routing.PATCH.name] is Verdict.APPLY:
             try:

@@ -40,10 +40,10 @@ def checks_here() -> list[Check]:
     """In a process of its own, the model hooks installed."""
     import verl  # noqa: F401
 
-    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.hooks import watch_group
     from verl_qwen3vl_plugin.registry import MODEL
 
-    install(MODEL)
+    watch_group(MODEL)
     checks = []
     for moe in (False, True):
         name = f"verl's Qwen3.5{'-MoE' if moe else ''} layer forwards equal transformers'"
@@ -57,7 +57,7 @@ def checks_here() -> list[Check]:
 
 
 def run() -> list[Check]:
-    from verl_qwen3vl_plugin import compat
+    from verl_qwen3vl_plugin import environment, syntax
     from verl_qwen3vl_plugin.families import QWEN3_5
     from verl_qwen3vl_plugin.registry import DISABLE_ENV
     from verl_qwen3vl_plugin.selftest.tiny_models import has_qwen3_5
@@ -65,7 +65,7 @@ def run() -> list[Check]:
     name = "verl's Qwen3.5 layer forwards"
     if not has_qwen3_5(verl=True):
         return [Check(name, True, "no Qwen3.5 in this verl / transformers: nothing to check")]
-    if not all(compat.find_function(compat.tree(QWEN3_5.verl_forward), f) for f in FORWARDS):
+    if not all(syntax.find_function(environment.tree(QWEN3_5.verl_forward), f) for f in FORWARDS):
         return [Check(name, True, "verl has no Qwen3.5 layer forwards of its own (verl 0.8): nothing to check")]
     return in_child(__name__, name, drop=(DISABLE_ENV,))
 

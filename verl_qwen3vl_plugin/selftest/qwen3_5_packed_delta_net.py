@@ -99,10 +99,10 @@ def checks_here() -> list[Check]:
     verl imported, the model hooks installed."""
     import verl  # noqa: F401
 
-    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.hooks import watch_group
     from verl_qwen3vl_plugin.registry import MODEL
 
-    install(MODEL)
+    watch_group(MODEL)
     found = packed_against_alone(verl_model())
     ok = found["log_prob_diff"] <= LOG_PROB_ATOL and found["grad_rel_diff"] <= GRAD_RTOL
     return [Check(f"packed Qwen3.5 samples of lengths {found['lengths']} equal each alone", ok, str(found))]

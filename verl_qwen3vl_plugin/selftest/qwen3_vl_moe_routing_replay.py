@@ -320,11 +320,11 @@ def checks_here() -> list[Check]:
     import torch.distributed as dist
     import verl  # noqa: F401
 
-    from verl_qwen3vl_plugin.hooks import install
+    from verl_qwen3vl_plugin.hooks import watch_group
     from verl_qwen3vl_plugin.registry import MODEL
     from verl_qwen3vl_plugin.selftest.ulysses import install_cpu_stand_ins
 
-    install(MODEL)
+    watch_group(MODEL)
     install_cpu_stand_ins()
     with socket.socket() as sock:  # verl's actor and engine log and reduce over the default group
         sock.bind(("127.0.0.1", 0))

@@ -26,7 +26,7 @@ def references(family: str = "qwen3_vl") -> dict[str, Callable]:
     """The family's upstream interpolations installed here: transformers' own method where its vision forward calls
     it, and verl's copy."""
     from verl_qwen3vl_plugin import originals
-    from verl_qwen3vl_plugin.compat import tree
+    from verl_qwen3vl_plugin.environment import tree
     from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import METHOD, decide_vision_class
     from verl_qwen3vl_plugin.registry import Verdict
 
