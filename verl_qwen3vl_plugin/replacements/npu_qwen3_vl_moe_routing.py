@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verl_qwen3vl_plugin.replacements import moe_routing
-from verl_qwen3vl_plugin.replacements.routing_replay import routes
+from verl_qwen3vl_plugin.replacements.routing_replay import moe_routing, routes
 
 
 @routes.mark

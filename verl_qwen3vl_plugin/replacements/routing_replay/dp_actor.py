@@ -17,7 +17,6 @@ the attention mask's real tokens through verl's ``unpad_input``, then Ulysses pa
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
 from collections.abc import Callable
@@ -25,27 +24,12 @@ from collections.abc import Callable
 import torch
 
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, rollout_record, routes
-from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError, step_metrics
+from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
+from verl_qwen3vl_plugin.replacements.routing_replay.session import Session, checked, current, merge_metrics, running
 
 SAMPLE = "routing_replay_sample"  # each sample's index in the batch, while recording
 
 
-class _Session:
-    def __init__(self, phase: str, slots: dict, samples: int, fallback: float | None) -> None:
-        self.phase, self.slots = phase, slots
-        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (sample indices, their routes) per micro-batch
-        self.samples = samples
-        self.fallback = fallback  # R3: the share of the rollout's pairs with no route (rollout_record.check)
-
-    def assembled(self, seqlen: int) -> torch.Tensor:
-        layers, k = len(self.slots), next(iter(self.slots)).top_k
-        out = torch.zeros(self.samples, seqlen, layers, k, dtype=routes.ROUTE_DTYPE)
-        for index, part in self.parts:
-            out[index.cpu()] = part.cpu()
-        return out
-
-
-_sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # actor -> its running _Session
 _recorded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # actor -> routes its last R2 pass recorded
 _off: weakref.WeakSet = weakref.WeakSet()  # actors in a LoRA reference pass
 
@@ -67,32 +51,20 @@ def _keeping_class(base: type, keys: tuple[str, ...]) -> type:
     return KeepingRoutes
 
 
-def _session(actor, data, phase: str, mode: str) -> _Session:
+def _session(actor, data, phase: str, mode: str) -> Session:
+    """The batch's record checked (``session.checked``) on the actor's padded layout, and the call's session."""
     if getattr(actor, "use_prefix_grouper", False):
         raise ReplayError("routing replay does not support the prefix grouper (actor.use_prefix_grouper=False)")
     slots = routes.slots(actor.actor_module)
     record = data.batch.get(KEY, None) if data.batch is not None else None
-    routes.check_present(phase, mode, record is not None)
-    fallback = None
-    if record is not None:
-        ids = data.batch["input_ids"]
-        routes.check_record(record, tuple(ids.shape), slots, f"the batch's {KEY}")
-        if mode == "R3":
-            mask = data.batch["attention_mask"]
-            loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), ids.shape[1])
-            top_k, cut = next(iter(slots)).top_k, rollout_record.window_filled(mask)
-            fallback = rollout_record.check(routes.has_route(record), mask, loss_mask, top_k, cut)
-    return _Session(phase, slots, len(data), fallback)
 
+    def r3():
+        mask = data.batch["attention_mask"]
+        loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), mask.shape[1])
+        return routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask)
 
-@contextlib.contextmanager
-def _running(actor, session: _Session):
-    _sessions[actor] = session
-    try:
-        yield
-    finally:
-        _sessions.pop(actor, None)
-        routes.begin(None)
+    shape = tuple(data.batch["input_ids"].shape) if record is not None else ()
+    return Session(phase, slots, checked(phase, mode, slots, record, shape, r3), len(data))
 
 
 def compute_log_prob(original: Callable) -> Callable:
@@ -107,7 +79,7 @@ def compute_log_prob(original: Callable) -> Callable:
             batch = data.batch.copy()
             batch[SAMPLE] = torch.arange(len(data), device=batch["input_ids"].device)
             data = type(data)(batch=batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
-        with _running(self, session):
+        with running(self, session):
             result = original(self, _keeping(data, (KEY, SAMPLE)), *args, **kwargs)
         if phase == RECORD:
             _recorded[self] = session.assembled(data.batch["input_ids"].shape[1])
@@ -123,11 +95,10 @@ def update_policy(original: Callable) -> Callable:
         if mode is None:
             return original(self, data, *args, **kwargs)
         session = _session(self, data, REPLAY, mode)
-        routes.tally.reset()
-        with _running(self, session):
+        with running(self, session):
             metrics = original(self, _keeping(data, (KEY,)), *args, **kwargs)
         if isinstance(metrics, dict):  # verl appends per-mini-batch values to lists; these are one per step
-            metrics.update({key: [value] for key, value in step_metrics(session.fallback).items()})
+            merge_metrics(metrics, session)
         return metrics
 
     return wrapper
@@ -136,7 +107,7 @@ def update_policy(original: Callable) -> Callable:
 def forward_micro_batch(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, micro_batch, *args, **kwargs):
-        session = _sessions.get(self)
+        session = current(self)
         if session is None:
             return original(self, micro_batch, *args, **kwargs)
         mask = micro_batch["attention_mask"]

@@ -17,48 +17,43 @@ config inherits; verl reads it only for Megatron and VeOmni): ``actor_rollout_re
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 
 import torch
 
 from verl_qwen3vl_plugin.replacements.routing_replay import layout, rollout_record, routes
 from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
-
-_sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (phase, slots)
+from verl_qwen3vl_plugin.replacements.routing_replay.session import Session, checked, current, merge_metrics, running
 
 
 def _check(data, phase: str, mode: str, slots: dict) -> float | None:
-    """The record's checks; R3: the share of the rollout's pairs with no route (``rollout_record.check``)."""
-    record = data.get(KEY, None)
-    routes.check_present(phase, mode, record is not None)
-    if record is None:
-        return None
-    ids = data["input_ids"]
-    if not (record.is_nested and ids.is_nested):
+    """The record's checks (``session.checked``), on the engine's nested layout."""
+    record, ids = data.get(KEY, None), data["input_ids"]
+    if record is not None and not (record.is_nested and ids.is_nested):
         raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
-    if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
+    if record is not None and not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
         raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
-    routes.check_record(record.values(), (ids.values().shape[0],), slots, f"the batch's {KEY}")
-    if mode != "R3":
-        return None
-    lengths = ids.offsets().diff()
-    attention_mask = data.get("attention_mask", None)
-    if attention_mask is not None and not attention_mask.is_nested and attention_mask.shape[0] == len(lengths):
-        # verl's trainer keeps the padded attention and response masks beside the nested tensors
-        response_mask = data.get("response_mask", None)
-        padded = response_mask if response_mask is not None and not response_mask.is_nested else None
-        loss_mask = rollout_record.full_loss_mask(padded, attention_mask.shape[1])
-        last_may_route = rollout_record.window_filled(attention_mask)
-    else:
-        # verl 0.9's TransferQueue path: each sample's tokens are its nested row, its loss mask its response's; where
-        # verl cut a response is unknown there, so a route on the last token is allowed
-        attention_mask = torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]
-        loss = data.get("loss_mask", None)
-        loss_mask = rollout_record.nested_loss_mask(loss, lengths) if loss is not None and loss.is_nested else None
-        last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
-    routed = rollout_record.padded_routed(record, attention_mask)
-    return rollout_record.check(routed, attention_mask, loss_mask, next(iter(slots)).top_k, last_may_route)
+
+    def r3():
+        lengths = ids.offsets().diff()
+        attention_mask = data.get("attention_mask", None)
+        if attention_mask is not None and not attention_mask.is_nested and attention_mask.shape[0] == len(lengths):
+            # verl's trainer keeps the padded attention and response masks beside the nested tensors
+            response_mask = data.get("response_mask", None)
+            padded = response_mask if response_mask is not None and not response_mask.is_nested else None
+            loss_mask = rollout_record.full_loss_mask(padded, attention_mask.shape[1])
+            last_may_route = rollout_record.window_filled(attention_mask)
+        else:
+            # verl 0.9's TransferQueue path: each sample's tokens are its nested row, its loss mask its response's;
+            # where verl cut a response is unknown there, so a route on the last token is allowed
+            attention_mask = torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]
+            loss = data.get("loss_mask", None)
+            loss_mask = rollout_record.nested_loss_mask(loss, lengths) if loss is not None and loss.is_nested else None
+            last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
+        return rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route
+
+    rows = record.values() if record is not None else None
+    return checked(phase, mode, slots, rows, (ids.values().shape[0],) if record is not None else (), r3)
 
 
 def forward_backward_batch(original: Callable) -> Callable:
@@ -72,17 +67,11 @@ def forward_backward_batch(original: Callable) -> Callable:
             return original(self, data, loss_function, forward_only)
         phase = RECORD if mode == "R2" and forward_only else REPLAY
         slots = routes.slots(self.module)
-        fallback = _check(data, phase, mode, slots)
-        _sessions[self] = (phase, slots)
-        routes.tally.reset()
-        try:
+        session = Session(phase, slots, _check(data, phase, mode, slots))
+        with running(self, session):
             output = original(self, data, loss_function, forward_only)
-        finally:
-            _sessions.pop(self, None)
-            routes.begin(None)
         if phase == REPLAY and not forward_only and isinstance(output, dict) and "metrics" in output:
-            # verl logs them with the update's, per step; like its own, one value per list (it gathers lists)
-            output["metrics"].update({key: [value] for key, value in routes.step_metrics(fallback).items()})
+            merge_metrics(output["metrics"], session)  # logged with the update's, per step
         return output
 
     return wrapper
@@ -92,19 +81,20 @@ def prepare_model_inputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, micro_batch):
         model_inputs, output_args = original(self, micro_batch)
-        session = _sessions.get(self)
+        session = current(self)
         if session is not None:
             from verl.utils import tensordict_utils as tu
 
             if not tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
                 raise ReplayError("routing replay on verl's FSDP engine needs actor.use_remove_padding=True")
-            phase, slots = session
             targets = None
-            if phase == REPLAY:
+            if session.phase == REPLAY:
                 targets = layout.decoder_rows(
                     micro_batch[KEY].values(), output_args.get("pad_size", 0), layout.sp_size(self)
                 )
-            routes.begin(routes.Routes(slots, targets))  # current until the next micro-batch: its backward reads it
+            routes.begin(
+                routes.Routes(session.slots, targets)
+            )  # current until the next micro-batch: its backward reads it
         return model_inputs, output_args
 
     return wrapper
@@ -114,8 +104,8 @@ def prepare_model_outputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, output, output_args, micro_batch, *args, **kwargs):
         model_output = original(self, output, output_args, micro_batch, *args, **kwargs)
-        session = _sessions.get(self)
-        if session is not None and session[0] == RECORD:
+        session = current(self)
+        if session is not None and session.phase == RECORD:
             ids = micro_batch["input_ids"]
             rows = layout.gathered_rows(
                 routes.current().stacked(), output_args.get("pad_size", 0), layout.sp_size(self)

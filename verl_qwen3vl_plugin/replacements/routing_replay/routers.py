@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl_qwen3vl_plugin import originals
-from verl_qwen3vl_plugin.replacements.moe_routing import dense_block_forward, dense_routing
 from verl_qwen3vl_plugin.replacements.routing_replay import routes
+from verl_qwen3vl_plugin.replacements.routing_replay.moe_routing import dense_block_forward, dense_routing
 
 
 def _replay_aware(cls: type, replay: Callable) -> None:

@@ -1,9 +1,6 @@
-"""The one MoE routing core shared by the Ascend routing fix (``npu_qwen3_vl_moe_routing``) and routing replay
-(``routing_replay.routers``).
-
-Why: replay must route a self-routing sparse block exactly as the fix does (softmax in fp32, top-k through
-``routes.top_k``, renormalise, cast, always scattered), so both take it from here rather than from each other.
-"""
+"""The MoE routing core of a self-routing sparse block, with its top-k through routing replay's choice
+(``routes.top_k``): softmax in fp32, top-k, renormalise, cast, always scattered. Replay's routers run it, and so does
+the Ascend routing fix (``replacements.npu_qwen3_vl_moe_routing``), so both route alike."""
 
 from __future__ import annotations
 
