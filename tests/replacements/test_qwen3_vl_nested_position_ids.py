@@ -136,7 +136,8 @@ def maybe_fix_3d_position_ids(data: TensorDict):
 # verl#7901's shape, from its description: the function hands the batch to a normalizer defined beside it.
 VERL_7901 = """
 def normalize_3d_position_ids(data):
-    return data
+    ids = data["position_ids"]
+    data["position_ids"] = torch.nested.nested_tensor_from_jagged(ids.values(), offsets=ids.offsets(), jagged_dim=2)
 
 def maybe_fix_3d_position_ids(data):
     normalize_3d_position_ids(data)
@@ -159,11 +160,13 @@ def maybe_fix_3d_position_ids(data):
         (VERL_7901.replace("def normalize_3d_position_ids", "def normalize"), "unrecognized"),
         (VERL_7901.replace("ids(data)\n", "ids(data, 1)\n"), "unrecognized"),
         (VERL_7901 + "    data['position_ids']._ragged_idx = 2\n", "unrecognized"),
+        (VERL_7901.replace("torch.nested.nested_tensor_from_jagged(", "relabel("), "unrecognized"),
         ("def other(data):\n    pass\n", "unrecognized"),
     ],
     ids=[
         "verl", "other_index", "other_dim", "not_nested", "more_statements", "other_signature", "verl_7901",
-        "7901_normalizer_elsewhere", "7901_other_arguments", "7901_and_relabel", "absent",
+        "7901_normalizer_elsewhere", "7901_other_arguments", "7901_and_relabel", "7901_normalizer_only_relabels",
+        "absent",
     ],
 )  # fmt: skip
 def test_probe_knows_verls_shapes(text, verdict):

@@ -92,7 +92,12 @@ ONE_CALL_SHAPES = {  # verl#7323's shape, and near-misses that still call the to
                             Verdict.UNRECOGNIZED),
     "a loop of calls": ("for v, g in media:\n            embeds = torch.cat([model.visual(v, grid_thw=g)])",
                         Verdict.UNRECOGNIZED),
+    "joined through a name": ("pixels = torch.cat([v for v, _ in media])\n        "
+                              "embeds = model.visual(pixels, grid_thw=torch.cat([g for _, g in media]))",
+                              Verdict.FIXED_UPSTREAM),
     "the first medium only": ("embeds = model.visual(media[0][0], grid_thw=media[0][1])", Verdict.UNRECOGNIZED),
+    "the first medium, then a cat": ("embeds = torch.cat([model.visual(media[0][0], grid_thw=media[0][1])])",
+                                     Verdict.UNRECOGNIZED),
 }  # fmt: skip
 
 

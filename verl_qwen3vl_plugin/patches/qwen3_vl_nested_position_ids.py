@@ -38,6 +38,7 @@ from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Target, Verdict, not_used_when_absent, unrecognized
 from verl_qwen3vl_plugin.upstream import (
     ENGINE_BASE,
+    ENGINE_UTILS,
     ENGINE_WORKERS,
     ENGINE_WORKERS_TINKER,
     FSDP_ENGINE,
@@ -59,6 +60,8 @@ KNOWN_BODY = "data['position_ids']._ragged_idx = 2"
 MICRO_BATCHES = "prepare_micro_batches"  # the FSDP engine's split of a batch, bound from verl.workers.engine.utils
 SPLITS = ("index_select_tensor_dict", "chunk_tensordict")  # what it splits with: dynamic and fixed micro-batch sizes
 NORMALIZER = "normalize_3d_position_ids"  # verl#7901's, per its description: leaves a right layout, rebuilds others
+# What a normalizer that rebuilds the layout calls: a relabel alone (verl's bug) builds no tensor.
+REBUILDERS = ("nested_tensor_from_jagged", "nested_tensor_from_tensor_list")
 
 
 def _sets_index_only(func: ast.FunctionDef) -> bool:
@@ -70,16 +73,18 @@ def _sets_index_only(func: ast.FunctionDef) -> bool:
 
 
 def _hands_off_to_normalizer(func: ast.FunctionDef, tree: ast.Module) -> bool:
-    """verl#7901's shape: the whole body is one call of ``NORMALIZER`` on ``data``, defined beside it."""
+    """verl#7901's shape: the whole body is one call of ``NORMALIZER`` on ``data``, defined beside it and building a
+    nested tensor (``REBUILDERS``)."""
     body = [n for n in func.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Return)) or body[0].value is None:
         return False
-    call = body[0].value
+    call, normalizer = body[0].value, syntax.find_function(tree, NORMALIZER)
     return (
         isinstance(call, ast.Call)
         and ast.unparse(call.func) == NORMALIZER
         and [ast.unparse(a) for a in call.args] == ["data"]
-        and syntax.find_function(tree, NORMALIZER) is not None
+        and normalizer is not None
+        and any(syntax.calls(normalizer, builder) for builder in REBUILDERS)
     )
 
 
@@ -150,8 +155,7 @@ def _split_rebuild(tree: ast.Module | None) -> str | None:
 def _binds_micro_batches(tree: ast.Module) -> bool:
     return any(
         isinstance(n, ast.ImportFrom)
-        and n.level
-        and n.module == "utils"
+        and (n.module == ENGINE_UTILS or (n.level == 2 and n.module == "utils"))  # absolute, or ..utils
         and any(a.name == MICRO_BATCHES for a in n.names)
         for n in tree.body
     ) and syntax.calls(tree, MICRO_BATCHES)
@@ -177,14 +181,13 @@ def decide_engine(tree: ast.Module) -> Decision:
             "verl0.7.0-no-3d-position-fix",
             f"verl 0.7.0 fixes no 3-d position ids before the split either ({FUNCTION} is absent)",
         )
-    fix = judge_function(utils)
-    if fix.verdict is not Verdict.APPLY:
-        return fix
+    if judge_function(utils).verdict is Verdict.UNRECOGNIZED:
+        return unrecognized(f"verl's {FUNCTION} matches no known verl release's body")
     return Decision(
         Verdict.APPLY,
         "verl0.7-splits-repack",
         f"verl's {' and '.join(SPLITS)} rebuild nested fields with as_nested_tensor: an equal-length micro-batch "
-        "comes out rope-packed after the fix, and the engine reads its values as (8, seq), not (4, 2 * seq)",
+        "comes out rope-packed after the callers' fix, and the engine reads its values as (8, seq), not (4, 2 * seq)",
     )
 
 
@@ -234,7 +237,8 @@ PATCH = Patch(
         "verl_qwen3vl_plugin.replacements.qwen3_vl_nested_position_ids.maybe_fix_3d_position_ids: "
         "the batch's 3-d nested position_ids rebuilt from their values and offsets as sequence-ragged, from either "
         "layout that reaches it (rope-packed, or sequence-packed with its index reset); a canonical tensor passes "
-        "through untouched, and one in no known layout raises a ValueError that names its shapes."
+        "through untouched, and one in no known layout raises a ValueError that names its shapes. On verl 0.7's FSDP "
+        "engine, canonical_micro_batches wraps prepare_micro_batches to fix each micro-batch after the split."
     ),
     upstream=("verl#7899", "verl#7901"),
     remove_when="verl's maybe_fix_3d_position_ids rebuilds the layout (verl#7901) in every supported release.",

@@ -62,13 +62,23 @@ LOOPS = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.Genera
 
 
 def _joins_media_in_one_call(func: ast.FunctionDef) -> bool:
-    """verl#7323's shape: besides the text-only dummy, one tower call, in no loop, on media joined by ``torch.cat``."""
+    """verl#7323's shape: besides the text-only dummy, one tower call, in no loop, whose pixels are ``torch.cat`` of
+    the media, inline or through a name the same statement assigns that to."""
     dummy = "pixel_values is None and pixel_values_videos is None"
     calling = [n for n in func.body if _tower_calls(n) and not (isinstance(n, ast.If) and ast.unparse(n.test) == dummy)]
-    return (
-        len(calling) == 1
-        and not any(isinstance(n, LOOPS) and _tower_calls(n) for n in ast.walk(func))
-        and any(ast.unparse(call.func) == "torch.cat" for call in syntax.call_nodes(calling[0], "cat"))
+    if len(calling) != 1 or any(isinstance(n, LOOPS) and _tower_calls(n) for n in ast.walk(func)):
+        return False
+    (tower,) = [n for n in syntax.call_nodes(calling[0], "visual") if ast.unparse(n.func) == "model.visual"]
+    joined = {
+        target.id
+        for n in ast.walk(calling[0])
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and ast.unparse(n.value.func) == "torch.cat"
+        for target in n.targets
+        if isinstance(target, ast.Name)
+    }
+    pixels = tower.args[0] if tower.args else None
+    return (isinstance(pixels, ast.Call) and ast.unparse(pixels.func) == "torch.cat") or (
+        isinstance(pixels, ast.Name) and pixels.id in joined
     )
 
 

@@ -63,8 +63,10 @@ def _session(actor, data, phase: str, mode: str) -> Session:
         loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), mask.shape[1])
         return routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask)
 
-    shape = tuple(data.batch["input_ids"].shape) if record is not None else ()
-    return Session(phase, slots, checked(phase, mode, slots, record, shape, r3), len(data))
+    def rows():
+        return record, tuple(data.batch["input_ids"].shape)
+
+    return Session(phase, slots, checked(phase, mode, slots, record is not None, rows, r3), len(data))
 
 
 def compute_log_prob(original: Callable) -> Callable:

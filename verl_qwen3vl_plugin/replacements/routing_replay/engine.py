@@ -29,10 +29,13 @@ from verl_qwen3vl_plugin.replacements.routing_replay.session import Session, che
 def _check(data, phase: str, mode: str, slots: dict) -> float | None:
     """The record's checks (``session.checked``), on the engine's nested layout."""
     record, ids = data.get(KEY, None), data["input_ids"]
-    if record is not None and not (record.is_nested and ids.is_nested):
-        raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
-    if record is not None and not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
-        raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
+
+    def rows():
+        if not (record.is_nested and ids.is_nested):
+            raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
+        if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
+            raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
+        return record.values(), (ids.values().shape[0],)
 
     def r3():
         lengths = ids.offsets().diff()
@@ -52,8 +55,7 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
             last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
         return rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route
 
-    rows = record.values() if record is not None else None
-    return checked(phase, mode, slots, rows, (ids.values().shape[0],) if record is not None else (), r3)
+    return checked(phase, mode, slots, record is not None, rows, r3)
 
 
 def forward_backward_batch(original: Callable) -> Callable:

@@ -21,6 +21,8 @@ from verl_qwen3vl_plugin.replacements.routing_replay.routes import KEY
 # R3's view of the rollout's record for its check: (which pairs have a route, the attention mask, the loss mask,
 # which samples may carry a route on their last token)
 R3View = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]]
+# The record's token rows and the shape they must have, once the path checked its layout
+RowsView = Callable[[], tuple[torch.Tensor, tuple[int, ...]]]
 
 
 class Session:
@@ -40,14 +42,15 @@ class Session:
         return out
 
 
-def checked(phase: str, mode: str, slots: dict, rows: torch.Tensor | None, shape: tuple[int, ...], r3: R3View):
-    """The batch's record checked as both paths check it: present where the phase needs it, ``shape`` tokens of
-    every MoE layer's top-k (``rows``: the record's token rows, None where the batch has none), and for R3 fitted to
-    each sample (``r3``). Returns R3's fallback share (``rollout_record.check``), None otherwise."""
-    routes.check_present(phase, mode, rows is not None)
-    if rows is None:
+def checked(phase: str, mode: str, slots: dict, present: bool, rows: RowsView, r3: R3View) -> float | None:
+    """The batch's record checked as both paths check it: ``present`` where the phase needs it, then its layout and
+    token rows (``rows``: the rows and the shape they must have, after the path's own layout checks), every MoE
+    layer's top-k, and for R3 its fit to each sample (``r3``). Returns R3's fallback share
+    (``rollout_record.check``), None otherwise."""
+    routes.check_present(phase, mode, present)
+    if not present:
         return None
-    routes.check_record(rows, shape, slots, f"the batch's {KEY}")
+    routes.check_record(*rows(), slots, f"the batch's {KEY}")
     if mode != "R3":
         return None
     routed, attention_mask, loss_mask, last_may_route = r3()
