@@ -107,6 +107,13 @@ def test_one_tower_call_upstream_is_fixed_and_its_near_misses_are_not(name):
     assert verdict(ONE_CALL.replace("TOWER", tower), "qwen3_5") is expected
 
 
+def test_two_tower_calls_in_one_statement_are_unrecognized():
+    """Two calls in the one statement, with no dummy to make up the count, must read as a near-miss, not crash."""
+    dummy = "inputs_embeds + 0.0 * model.visual(input_ids, grid_thw=input_ids).pooler_output.mean()"
+    both = "embeds = torch.cat([model.visual(*media[0]), model.visual(*media[-1])])"
+    assert verdict(ONE_CALL.replace("TOWER", both).replace(dummy, "inputs_embeds"), "qwen3_5") is Verdict.UNRECOGNIZED
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", list(vision_call.CASES))
 def test_one_call_matching_verl(family, name):

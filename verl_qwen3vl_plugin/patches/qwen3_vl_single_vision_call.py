@@ -38,16 +38,9 @@ OUTPUTS = {
 }
 
 
-def _tower_calls(node: ast.AST) -> int:
-    """How many ``model.visual(...)`` calls ``node`` holds."""
-    return sum(
-        isinstance(n, ast.Call)
-        and isinstance(n.func, ast.Attribute)
-        and n.func.attr == "visual"
-        and isinstance(n.func.value, ast.Name)
-        and n.func.value.id == "model"
-        for n in ast.walk(node)
-    )
+def _tower_calls(node: ast.AST) -> list[ast.Call]:
+    """The ``model.visual(...)`` calls ``node`` holds."""
+    return [n for n in syntax.call_nodes(node, "visual") if ast.unparse(n.func) == "model.visual"]
 
 
 def _branch(func: ast.FunctionDef, name: str) -> ast.If | None:
@@ -68,7 +61,9 @@ def _joins_media_in_one_call(func: ast.FunctionDef) -> bool:
     calling = [n for n in func.body if _tower_calls(n) and not (isinstance(n, ast.If) and ast.unparse(n.test) == dummy)]
     if len(calling) != 1 or any(isinstance(n, LOOPS) and _tower_calls(n) for n in ast.walk(func)):
         return False
-    (tower,) = [n for n in syntax.call_nodes(calling[0], "visual") if ast.unparse(n.func) == "model.visual"]
+    towers = _tower_calls(calling[0])
+    if len(towers) != 1:
+        return False
     joined = {
         target.id
         for n in ast.walk(calling[0])
@@ -76,7 +71,7 @@ def _joins_media_in_one_call(func: ast.FunctionDef) -> bool:
         for target in n.targets
         if isinstance(target, ast.Name)
     }
-    pixels = tower.args[0] if tower.args else None
+    pixels = towers[0].args[0] if towers[0].args else None
     return (isinstance(pixels, ast.Call) and ast.unparse(pixels.func) == "torch.cat") or (
         isinstance(pixels, ast.Name) and pixels.id in joined
     )
@@ -106,7 +101,7 @@ def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
     if not _returns_outputs(func, outputs):
         return unrecognized(f"{FUNCTION} does not return the dict of {sorted(outputs)}")
     image, video = _branch(func, "pixel_values"), _branch(func, "pixel_values_videos")
-    calls = tuple(_tower_calls(node) if node is not None else 0 for node in (image, video, func))
+    calls = tuple(len(_tower_calls(node)) if node is not None else 0 for node in (image, video, func))
     if calls == (1, 1, 3):
         return Decision(
             Verdict.APPLY,
