@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 from verl_qwen3vl_plugin import patches as registered
-from verl_qwen3vl_plugin.environment import devices, dist_version, source_of, verl_discovers_plugins
+from verl_qwen3vl_plugin.environment import devices, dist_version, verl_discovers_plugins
 from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
@@ -24,7 +24,7 @@ from verl_qwen3vl_plugin.registry import (
     Verdict,
     activation_line,
     concerns,
-    decide,
+    decide_installed,
     disable_list,
     dormant_reason,
     unrecognized,
@@ -123,7 +123,7 @@ def patch_verdicts(
         targets = {}
         for target in patch.targets:
             try:
-                decision = decide(patch, target, source_of(target.module), disabled)
+                decision = decide_installed(patch, target, disabled)
             except Exception as exc:  # report, don't crash: the doctor runs on broken stacks too
                 decision = unrecognized(f"{type(exc).__name__}: {exc}")
             verdict, reason = decision.verdict, decision.reason

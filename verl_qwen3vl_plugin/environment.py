@@ -98,7 +98,7 @@ def verl_discovers_plugins() -> bool:
     """Whether ``import verl`` loads the ``verl.plugins`` entry points (verl >= 0.9; older verl never looks).
 
     Read from verl's ``__init__.py`` without importing verl. Unreadable source counts as no discovery: the start-up
-    hook then loads the plugin itself, which is harmless where verl would have too (hooks install once).
+    hook then loads the plugin itself, which is harmless where verl would have too (each target is watched once).
     """
     source = tree("verl")
     return source is not None and syntax.has_string(source, "verl.plugins")

@@ -50,7 +50,7 @@ def replaced(attr: str) -> list[object]:
 
 
 def ours(obj: object) -> bool:
-    """Whether ``obj`` is something the plugin installed: a wrapper carries upstream's name and module
+    """Whether ``obj`` is something the plugin set: a wrapper carries upstream's name and module
     (``functools.wraps``), so this is the way to tell, e.g. where a module bound another's patched name at import. A
     static method counts by its function, as the class hands it out; None, which the plugin may set, is never ours."""
     return obj is not None and any(obj is new or obj is getattr(new, "__func__", None) for new in _set.values())

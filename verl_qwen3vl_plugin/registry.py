@@ -1,6 +1,6 @@
 """The patch registry: what a patch is (``Patch`` and its ``Target``s), what its probe decided (a ``Decision``: a
 verdict and the stable id of the upstream shape it recognised), what it did in this process (a ``Status`` per patch
-and target), and how a hook installs the patches it is given.
+and target), and how a hook watches the patches it is given.
 
 It imports only the standard library: the hook modules import this before anything that can fail, so a broken
 environment still ends up as a recorded ``failed`` status and a WARNING, never an exception in ``import verl``. At
@@ -234,13 +234,20 @@ def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str
     return target.decide(source.tree)
 
 
+def decide_installed(patch: Patch, target: Target, disabled: frozenset[str] = frozenset()) -> Decision:
+    """``decide`` on the target's installed source: what the hooks, the doctor and the self-tests ask."""
+    from verl_qwen3vl_plugin.environment import source_of  # the registry itself needs only the standard library
+
+    return decide(patch, target, source_of(target.module), disabled)
+
+
 def _on_target_imported(name: str, label: str, load: Callable[[], Patch], module: ModuleType) -> None:
     try:
-        from verl_qwen3vl_plugin.environment import devices, source_of
+        from verl_qwen3vl_plugin.environment import devices
 
         patch = _loaded.setdefault(name, load())
         target = patch.target(label)
-        decision = decide(patch, target, source_of(target.module), frozenset())  # disabled ones are not registered
+        decision = decide_installed(patch, target)  # disabled ones are not registered
         if decision.verdict is Verdict.APPLY:
             target.apply(module, decision)
         here = decision.verdict is not Verdict.UNRECOGNIZED or concerns(patch, devices())

@@ -53,16 +53,18 @@ def fla_in_use() -> bool:
     installed at all where transformers (>= 5.16) picks the kernel at import, on any device."""
     if importlib.util.find_spec("fla") is None:
         return False
-    at_import = syntax.called_decorator(
-        syntax.find_function(environment.source_of(QWEN3_5.modeling).tree, FALLBACK), DISPATCHER
-    )
-    return at_import or environment.devices()["cuda"]
+    return syntax.called_decorator(_fallback(), DISPATCHER) or environment.devices()["cuda"]
+
+
+def _fallback() -> ast.FunctionDef | None:
+    """transformers' torch chunked rule, as installed."""
+    return syntax.find_function(environment.tree(QWEN3_5.modeling), FALLBACK)
 
 
 def _fallback_takes_kwargs() -> bool | None:
     """Whether transformers' torch chunked rule takes ``**kwargs`` (>= 5.9: verl's ``cu_seqlens`` check passes and
     the boundaries are ignored); None where it cannot be read."""
-    func = syntax.find_function(environment.source_of(QWEN3_5.modeling).tree, FALLBACK)
+    func = _fallback()
     return None if func is None else func.args.kwarg is not None
 
 
@@ -126,7 +128,7 @@ def decide_transformers(tree: ast.Module, family: Family) -> Decision:
             return Decision(Verdict.NOT_USED, "no-verl-qwen3.5", NO_VERL_QWEN3_5)
         return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
     if syntax.find_function(verl.tree, FUNCTION) is not None and syntax.mentions(
-        environment.source_of(MONKEY_PATCH).tree or ast.Module(body=[], type_ignores=[]), FUNCTION
+        environment.tree(MONKEY_PATCH) or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
         return Decision(
             Verdict.NOT_USED,

@@ -92,10 +92,7 @@ def decide(tree: ast.Module) -> Decision:
 def replaced_on_npu(devices: dict[str, bool]) -> str | None:
     """On Ascend, verl's npu_patch sets its own block in place of transformers' (and, with it, these experts)."""
     npu_patch = environment.tree(NPU_PATCH) if devices.get("npu") else None
-    if npu_patch is not None and any(
-        isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == BLOCK for t in n.targets)
-        for n in ast.walk(npu_patch)
-    ):
+    if npu_patch is not None and syntax.assigns_attribute(npu_patch, BLOCK):
         return f"verl's npu_patch replaces {BLOCK}, and with it these experts, on this NPU machine"
     return None
 

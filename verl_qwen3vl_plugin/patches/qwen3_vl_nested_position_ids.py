@@ -120,7 +120,7 @@ def judge_function(tree: ast.Module | None) -> Decision:
 def decider(caller: str):
     def decide(tree: ast.Module) -> Decision:
         if _imports_function(tree):
-            return judge_function(environment.source_of(TENSORDICT_UTILS).tree)
+            return judge_function(environment.tree(TENSORDICT_UTILS))
         if syntax.find_class(tree, CALLERS[caller]) is not None and not syntax.mentions(tree, FUNCTION):
             return Decision(
                 Verdict.NOT_USED,
@@ -165,7 +165,7 @@ def decide_engine(tree: ast.Module) -> Decision:
     """The FSDP engine's micro-batches: the callers' fix runs before the split, so the split must keep the layout."""
     if not _binds_micro_batches(tree):
         return unrecognized(f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils")
-    utils = environment.source_of(TENSORDICT_UTILS).tree
+    utils = environment.tree(TENSORDICT_UTILS)
     rebuild = _split_rebuild(utils)
     if rebuild == "keep":
         return Decision(

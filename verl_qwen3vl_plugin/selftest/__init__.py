@@ -12,10 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from verl_qwen3vl_plugin.registry import Decision, Patch, Target
+from typing import NamedTuple
 
 
 class Check(NamedTuple):
@@ -40,14 +37,6 @@ def needs(error: str) -> str | None:
     if importlib.util.find_spec(top) is not None:
         return None
     return f"needs the Python module {top!r}, not installed here: install the package that provides it, then rerun"
-
-
-def installed_decision(patch: Patch, target: Target) -> Decision:
-    """The probe's decision on the installed code, whatever the user disabled: a self-test checks the patch itself."""
-    from verl_qwen3vl_plugin.environment import source_of
-    from verl_qwen3vl_plugin.registry import decide
-
-    return decide(patch, target, source_of(target.module), frozenset())
 
 
 def in_child(module: str, name: str, drop: tuple[str, ...] = ()) -> list[Check]:

@@ -7,7 +7,7 @@ them differ (what hangs FSDP). Where the patch does not apply (verl >= 0.8 has n
 
 from __future__ import annotations
 
-from verl_qwen3vl_plugin.selftest import Check, installed_decision
+from verl_qwen3vl_plugin.selftest import Check
 
 SAMPLES = ([[(1, 8, 8)]] * 4, [[(1, 2, 2)]] * 4)  # per rank: four samples with one large / small image each
 MAX_TOKENS = 64  # per micro-batch: rank 0's 4 x ~30 tokens need 2, rank 1's 4 x ~14 need 1
@@ -42,11 +42,11 @@ def _counts(rank: int) -> dict:
 
 def run() -> list[Check]:
     from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import PATCH
-    from verl_qwen3vl_plugin.registry import Verdict
+    from verl_qwen3vl_plugin.registry import Verdict, decide_installed
     from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
 
     target = PATCH.targets[0]
-    decision = installed_decision(PATCH, target)
+    decision = decide_installed(PATCH, target)
     verdict, reason = decision.verdict, decision.reason
     if verdict is not Verdict.APPLY:
         return [

@@ -24,7 +24,7 @@ import json
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check, in_child, installed_decision
+from verl_qwen3vl_plugin.selftest import Check, in_child
 from verl_qwen3vl_plugin.selftest.moe_blocks import BlockRun
 
 TOLERANCE = 1e-5  # absolute and relative, per tensor: outputs, input gradients, parameter gradients
@@ -85,7 +85,7 @@ def checks_here() -> list[Check]:
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
     from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
-    from verl_qwen3vl_plugin.registry import NPU, Verdict
+    from verl_qwen3vl_plugin.registry import NPU, Verdict, decide_installed
     from verl_qwen3vl_plugin.selftest.moe_blocks import (
         block_input,
         block_pair,
@@ -98,7 +98,7 @@ def checks_here() -> list[Check]:
 
     verdicts, checks = {}, []
     for patch in (routing.PATCH, sparse_eval.PATCH, sync.PATCH):
-        decision = installed_decision(patch, patch.targets[0])
+        decision = decide_installed(patch, patch.targets[0])
         verdict, reason = decision.verdict, decision.reason
         verdicts[patch.name] = verdict
         checks.append(

@@ -20,7 +20,7 @@ import json
 import torch
 from torch import nn
 
-from verl_qwen3vl_plugin.selftest import Check, in_child, installed_decision
+from verl_qwen3vl_plugin.selftest import Check, in_child
 
 # Per sample its images as (t, h, w) grids, videos as ("v", t, h, w), then text (``ulysses.micro_batch``): left
 # padding, a sample without vision, a video.
@@ -337,11 +337,9 @@ def checks_here() -> list[Check]:
 
 def run() -> list[Check]:
     from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import PATCH
-    from verl_qwen3vl_plugin.registry import DISABLE_ENV, Verdict
+    from verl_qwen3vl_plugin.registry import DISABLE_ENV, Verdict, decide_installed
 
-    unrecognized = [
-        d for d in (installed_decision(PATCH, t) for t in PATCH.targets) if d.verdict is Verdict.UNRECOGNIZED
-    ]
+    unrecognized = [d for d in (decide_installed(PATCH, t) for t in PATCH.targets) if d.verdict is Verdict.UNRECOGNIZED]
     if unrecognized:
         return [Check("routing replay through verl", False, f"unrecognized: {unrecognized[0].reason}")]
     return in_child(__name__, "routing replay through verl", drop=(DISABLE_ENV,))  # the patch, not the user's setup

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from verl_qwen3vl_plugin.selftest import Check, installed_decision
+from verl_qwen3vl_plugin.selftest import Check
 
 FP32_TOLERANCE = 1e-5  # relative, and absolute in units of the largest reference entry
 BF16_TOLERANCE = 2e-2  # bf16 against an fp32 reference: relative to the largest reference entry
@@ -77,10 +77,10 @@ def run() -> list[Check]:
 
     from verl_qwen3vl_plugin import originals
     from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts import PATCH
-    from verl_qwen3vl_plugin.registry import Verdict
+    from verl_qwen3vl_plugin.registry import Verdict, decide_installed
     from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
 
-    decision = installed_decision(PATCH, PATCH.targets[0])
+    decision = decide_installed(PATCH, PATCH.targets[0])
 
     verdict, reason = decision.verdict, decision.reason
     checks = [Check("moe experts decision", verdict is not Verdict.UNRECOGNIZED, f"{verdict.value}: {reason}")]

@@ -94,9 +94,8 @@ def prepare_model_inputs(original: Callable) -> Callable:
                 targets = layout.decoder_rows(
                     micro_batch[KEY].values(), output_args.get("pad_size", 0), layout.sp_size(self)
                 )
-            routes.begin(
-                routes.Routes(session.slots, targets)
-            )  # current until the next micro-batch: its backward reads it
+            # current until the next micro-batch: its backward reads it
+            routes.begin(routes.Routes(session.slots, targets))
         return model_inputs, output_args
 
     return wrapper
