@@ -221,12 +221,19 @@ def disable_list(names: Iterable[str], env: Mapping[str, str]) -> tuple[frozense
     return frozenset(names if "all" in listed else listed & set(names)), unknown
 
 
+def disabled_by_user(name: str, disabled: frozenset[str]) -> Decision | None:
+    """The one check of the user's switch (``disable_list``): the hooks ask it before loading a spec, the doctor
+    through ``decide``."""
+    return Decision(Verdict.DISABLED, "disabled", f"listed in {DISABLE_ENV}") if name in disabled else None
+
+
 def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str]) -> Decision:
     """The one decision, for the hooks and the doctor alike: disabled by the user, else the target's probe on the
     target's parsed source. Fails closed: a source that is missing, unreadable or unparsable is ``unrecognized``,
     like a shape the probe does not know, unless the target knows what a missing module means."""
-    if patch.name in disabled:
-        return Decision(Verdict.DISABLED, "disabled", f"listed in {DISABLE_ENV}")
+    off = disabled_by_user(patch.name, disabled)
+    if off is not None:
+        return off
     if source.tree is None:
         if source.missing and target.absent is not None:
             return target.absent()
@@ -262,8 +269,9 @@ def watch(name: str, module: str, label: str, load: Callable[[], Patch], disable
     if (name, label) in _watched:
         return
     _watched.add((name, label))
-    if name in disabled:
-        record(name, label, Status.DISABLED, f"listed in {DISABLE_ENV}", Verdict.DISABLED)
+    off = disabled_by_user(name, disabled)
+    if off is not None:
+        record(name, label, _OUTCOME[off.verdict], off.reason, off.verdict)
         return
     try:
         from verl_qwen3vl_plugin.import_watch import after_import
