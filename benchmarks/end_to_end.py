@@ -15,7 +15,12 @@ step waits for it). The table shows the medians per call over the pairs, the off
 resident set. The ratio is what the patches save at these shapes on a CPU, not a forecast for a 30B model on
 accelerators, where the shares of vision, experts and attention in a step differ.
 
+Each rank checks the plugin-on mode against the probes of the installed stack (``registry.decide_installed``): a
+target whose probe says apply must be applied (or pending: a module this process never imports), and no other
+target may be; a patch for this machine with a target to apply must be applied somewhere.
+
     python benchmarks/end_to_end.py [--samples 8] [--repeats 5] [--warmup 1]
+    python benchmarks/end_to_end.py --smoke   # one pair per mode, one micro-batch, no warm-up: runs, checks, no result
 """
 
 from __future__ import annotations
@@ -56,26 +61,59 @@ def samples_of(count: int) -> list[list[tuple[int, int, int]]]:
     return [[next(grids) for _ in range(1 + i % 2)] for i in range(count)]
 
 
-def _check_mode(plugin: bool, vision_forward: Callable) -> list[str]:
-    """The names of the applied patches; raises unless the rank runs the mode it was started for."""
+def _expected_mistakes() -> list[str]:
+    """With the plugin on: every way the statuses in this process differ from what the probes decide on the installed
+    stack. A target the probe says apply to must be applied, or pending (a module this process never imports, verl's
+    critic here); no other target may be applied; nothing may fail. A patch for this machine's devices with a target
+    to apply must be applied to at least one."""
     from verl_qwen3vl_plugin import Status, patch_statuses
+    from verl_qwen3vl_plugin.environment import devices
     from verl_qwen3vl_plugin.patches import PATCHES
+    from verl_qwen3vl_plugin.registry import Verdict, concerns, decide_installed
 
-    statuses = patch_statuses()
-    applied = sorted({s.patch for s in statuses if s.status is Status.APPLIED})
-    module = vision_forward.__module__
-    if plugin:  # a target still pending is one whose module this process never imports (verl's critic here)
-        everywhere = {patch.name for patch in PATCHES if patch.devices is None}
-        wrong = [
-            f"{s.patch} on {s.target}: {s.status.value}"
-            for s in statuses
-            if s.patch in everywhere and s.status not in (Status.APPLIED, Status.PENDING)
-        ]
-        wrong += [f"{name}: not applied" for name in sorted(everywhere - set(applied))]
-        if wrong or not module.startswith("verl_qwen3vl_plugin."):
-            raise RuntimeError(f"plugin on, but: {wrong}; vision forward from {module}")
-    elif applied or not module.startswith("transformers."):
-        raise RuntimeError(f"plugin off, but applied: {applied}; vision forward from {module}")
+    statuses = {(s.patch, s.target): s for s in patch_statuses()}
+    present = devices()
+    wrong = []
+    for patch in PATCHES:
+        to_apply = []
+        for target in patch.targets:
+            decision = decide_installed(patch, target)
+            status = statuses.get((patch.name, target.label))
+            found = status.status.value if status else "not watched"
+            if decision.verdict is Verdict.APPLY:
+                to_apply.append(target.label)
+                if status is None or status.status not in (Status.APPLIED, Status.PENDING):
+                    wrong.append(f"{patch.name} on {target.label}: {found}, but its probe says apply")
+            elif status is not None and status.status in (Status.APPLIED, Status.FAILED):
+                wrong.append(f"{patch.name} on {target.label}: {found}, but its probe says {decision.verdict.value}")
+        applied = any(
+            (patch.name, label) in statuses and statuses[patch.name, label].status is Status.APPLIED
+            for label in to_apply
+        )
+        if to_apply and concerns(patch, present) and not applied:
+            wrong.append(f"{patch.name}: not applied, but its probe says apply on {to_apply}")
+    return wrong
+
+
+def _check_mode(plugin: bool, tower: type) -> list[str]:
+    """The names of the applied patches; raises unless the rank runs the mode it was started for: with the plugin
+    on, the patches the installed stack's probes call for (``_expected_mistakes``), and the vision tower's forward
+    the plugin's exactly where vision DP applies to it; with it off, nothing applied."""
+    from verl_qwen3vl_plugin import Status, patch_statuses
+    from verl_qwen3vl_plugin.originals import ours as plugin_set
+    from verl_qwen3vl_plugin.patches import spec
+    from verl_qwen3vl_plugin.registry import Verdict, decide_installed
+
+    applied = sorted({s.patch for s in patch_statuses() if s.status is Status.APPLIED})
+    ours = plugin_set(tower.forward)  # a wrapper carries upstream's name and module (functools.wraps)
+    if plugin:
+        vision_dp = spec("qwen3_vl_vision_dp")
+        wraps_tower = decide_installed(vision_dp, vision_dp.target(tower.__module__)).verdict is Verdict.APPLY
+        wrong = _expected_mistakes()
+        if wrong or ours != wraps_tower:
+            raise RuntimeError(f"plugin on, but: {wrong}; vision forward the plugin's: {ours}, expected {wraps_tower}")
+    elif applied or ours:
+        raise RuntimeError(f"plugin off, but applied: {applied}; vision forward the plugin's: {ours}")
     return applied
 
 
@@ -106,7 +144,7 @@ def _rank(rank: int, plugin: bool, samples: int, warmup: int) -> dict:
     shard(model)
     set_ulysses_sequence_parallel_group(dist.group.WORLD)  # the SP group, as verl's sharding manager sets it
     actor = actor_for(model, SP, ppo_mini_batch_size=samples, ppo_micro_batch_size_per_gpu=MICRO)
-    applied = _check_mode(plugin, type(model.model.visual).forward)
+    applied = _check_mode(plugin, type(model.model.visual))
     batch = micro_batch(samples_of(samples))
     responses = batch["responses"]
     advantages = torch.randn(responses.shape, generator=torch.Generator().manual_seed(2))
@@ -156,7 +194,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="one pair per mode, one micro-batch, no warm-up")
     args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.repeats, args.warmup = MICRO, 1, 0
     start = time.perf_counter()
     runs = {True: [], False: []}
     for _ in range(args.repeats):
@@ -169,6 +210,8 @@ def main() -> None:
 
     grids = [grid for images in samples_of(args.samples) for grid in images]
     patches = sum(t * h * w for t, h, w in grids)
+    if args.smoke:
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     print(f"CPU, 2 gloo ranks x 1 thread, Ulysses SP = {SP}, FSDP2, small Qwen3-VL-MoE (4-block tower, "
           f"16 experts top-2), {args.samples} samples, "
           f"{len(grids)} images ({patches} patches), {runs[True][0][0]['tokens']} tokens, micro-batches of {MICRO}; "

@@ -33,7 +33,7 @@ def check_fsdp2_cpu_offload() -> bool:
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest.tiny_models import VISION, pixel_values
 
     upstream = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
@@ -67,7 +67,7 @@ def geo3k_grid(n: int) -> torch.Tensor:
 
 
 def check_syncs() -> bool:
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     model, grid = vision_tower(hidden=1152).cuda(), geo3k_grid(64)
@@ -86,8 +86,8 @@ def check_syncs() -> bool:
 
 
 def check_timings(repeats: int = 10) -> bool:
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.selftest import references
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
     impls = {"plugin": fast_pos_embed_interpolate, **references()}
@@ -122,7 +122,7 @@ def check_moe_experts(repeats: int = 5) -> bool:
     from moe_experts import experts_module, routed  # benchmarks/moe_experts.py, beside this script
     from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as m
 
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement import sparse_experts_forward
 
     if not hasattr(m.Qwen3VLMoeTextExperts.forward, "__code__") or "router_indices" not in (
         m.Qwen3VLMoeTextExperts.forward.__code__.co_varnames

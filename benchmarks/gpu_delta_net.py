@@ -22,7 +22,10 @@ import warnings
 
 import torch
 
-from verl_qwen3vl_plugin.replacements.delta_net_varlen import chunk_gated_delta_rule, layout_for
+from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.delta_net_varlen import (
+    chunk_gated_delta_rule,
+    layout_for,
+)
 
 LENGTHS = [1024, 32, 517, 96, 800, 64, 250, 1000]
 CHECK_LENGTHS = [37, 90, 1, 64, 20, 130, 0, 65]

@@ -5,6 +5,7 @@ loads directly, in fresh processes: ``import verl`` with discovery and the start
 ``EntryPoint.load()`` for the plugin's entry points, as verl >= 0.9 does at ``import verl``.
 
     python benchmarks/import_cost.py [--runs 9]
+    python benchmarks/import_cost.py --smoke   # one process: runs, no result
 
 The budget: at most 10 ms and 15 modules added to ``import verl`` (a regular, non-editable install: an editable one
 adds its path hooks).
@@ -40,7 +41,11 @@ print(json.dumps({"import_verl": t1 - t0, "find_entry_points": t2 - t1, "load_ho
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--smoke", action="store_true", help="one fresh process")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     # The start-up hook off too: on a verl without discovery it would load the plugin inside ``import verl``.
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
     env.pop("VERL_USE_EXTERNAL_MODULES", None)

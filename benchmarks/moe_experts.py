@@ -51,7 +51,7 @@ def experts_module(cls: type, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def routed(tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_sparse_experts import routed_inputs
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.selftest import routed_inputs
 
     return routed_inputs(config(dtype), tokens=tokens, dtype=dtype)
 
@@ -61,7 +61,7 @@ def implementations(case: str) -> tuple[type, dict[str, Callable]]:
     if case in ("eval", "train"):
         from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as m
 
-        from verl_qwen3vl_plugin.replacements.qwen3_vl_moe_sparse_experts import sparse_experts_forward
+        from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement import sparse_experts_forward
 
         return m.Qwen3VLMoeTextExperts, {
             "transformers": m.Qwen3VLMoeTextExperts.forward,
@@ -71,7 +71,7 @@ def implementations(case: str) -> tuple[type, dict[str, Callable]]:
         import transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe  # noqa: F401
         import verl  # noqa: F401  (both first: their device probes must find no torch_npu)
 
-        from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_sparse_eval import grouped_eval_forward
+        from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_sparse_eval.replacement import grouped_eval_forward
         from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 
         _KEEP.enter_context(fake_torch_npu())  # for the rest of this process: verl's npu_patch imports torch_npu

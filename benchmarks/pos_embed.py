@@ -9,6 +9,7 @@ resident set before the call, less the output itself, relative to the output's s
     python benchmarks/pos_embed.py [--repeats 3] [--threads 1] [--plot docs/performance.png] [--json results.json]
     python benchmarks/pos_embed.py --family qwen3_5   # a Qwen3.5 tower, against Qwen3.5's verl and transformers copies
     python benchmarks/pos_embed.py --sweep-steps 16 17 18 19    # the step-size study
+    python benchmarks/pos_embed.py --smoke   # 16 images at hidden 16, one repeat, one memory case: runs, no result
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def geo3k_like(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def implementations() -> dict[str, Callable]:
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_pos_embed import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.selftest import references
 
     return {"plugin": fast_pos_embed_interpolate, **references(FAMILY)}
 
@@ -109,6 +110,7 @@ def main() -> None:
         help="instead: time the plugin's forward in steps of 2^LOG2 elements each, against verl, alternating",
     )  # fmt: skip
     parser.add_argument("--family", choices=["qwen3_vl", "qwen3_5"], default="qwen3_vl")
+    parser.add_argument("--smoke", action="store_true", help="16 images at hidden 16, one repeat, one memory case")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global FAMILY
@@ -119,6 +121,11 @@ def main() -> None:
         return
 
     impls = implementations()
+    hiddens, memory_case, memory_runs, plot_images = (1152, 16), "64 images", None, PLOT_IMAGES
+    if args.smoke:
+        args.repeats, args.case = 1, args.case or ["16 images"]
+        hiddens, memory_case, memory_runs, plot_images = (16,), "16 images", 1, PLOT_IMAGES[:2]
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     if args.sweep_steps:
         sweep_steps(impls, args.sweep_steps, args.repeats)
         return
@@ -135,7 +142,7 @@ def main() -> None:
     for case, make in CASES.items():
         if args.case and case not in args.case:
             continue
-        for hidden in (1152, 16):
+        for hidden in hiddens:
             for dtype in (torch.float32, torch.bfloat16):
                 for backward in (False, True):
                     t = time_case(impls, make(), hidden, dtype, backward, args.repeats)
@@ -148,18 +155,17 @@ def main() -> None:
                     print(line, flush=True)
 
     if not args.skip_memory:
-        print("\npeak extra memory during one call, relative to the output (64 images, fresh process each):")
-        for hidden in (1152, 16):
-            for dtype in ("float32", "bfloat16"):
-                for backward in (False, True):
-                    mem = {n: peak_memory(n, "64 images", hidden, dtype, backward, args.threads) for n in impls}
-                    results.append(dict(case="64 images", hidden=hidden, dtype=dtype, backward=backward, memory=mem))
-                    print(f"  hidden {hidden:4} {dtype:9} {'fwd+bwd' if backward else 'fwd':8} "
-                          + "  ".join(f"{n}: {m:5.2f}x" for n, m in mem.items()), flush=True)  # fmt: skip
+        print(f"\npeak extra memory during one call, relative to the output ({memory_case}, fresh process each):")
+        combinations = [(h, d, b) for h in hiddens for d in ("float32", "bfloat16") for b in (False, True)]
+        for hidden, dtype, backward in combinations[:memory_runs]:
+            mem = {n: peak_memory(n, memory_case, hidden, dtype, backward, args.threads) for n in impls}
+            results.append(dict(case=memory_case, hidden=hidden, dtype=dtype, backward=backward, memory=mem))
+            print(f"  hidden {hidden:4} {dtype:9} {'fwd+bwd' if backward else 'fwd':8} "
+                  + "  ".join(f"{n}: {m:5.2f}x" for n, m in mem.items()), flush=True)  # fmt: skip
 
     if args.plot:
         sweep = {}
-        for n in PLOT_IMAGES:
+        for n in plot_images:
             sweep[n] = time_case(impls, geo3k_like(n), 1152, torch.float32, False, args.repeats)
         results.append(dict(sweep={str(n): t for n, t in sweep.items()}))
         plot(sweep, args.plot)
@@ -171,7 +177,7 @@ def main() -> None:
 
 def sweep_steps(impls: dict[str, Callable], sizes: list[int], repeats: int) -> None:
     """The step-size study: forward, fp32, geo3k-like images, ratios against verl for steps of 2^k elements."""
-    from verl_qwen3vl_plugin.replacements import qwen3_vl_pos_embed as qwen3_vl
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import replacement as qwen3_vl
 
     default = qwen3_vl._STEP_ELEMENTS["cpu"]
     print(f"CPU {torch.backends.cpu.get_cpu_capability()}, forward fp32, x vs verl, median of {repeats}")

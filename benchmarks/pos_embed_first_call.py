@@ -6,6 +6,7 @@ figure comes from a fresh process (``tests/_child/pos_embed_first_call.py``, one
 alternating; medians.
 
     python benchmarks/pos_embed_first_call.py [--runs 5] [--widths 1024 8192]
+    python benchmarks/pos_embed_first_call.py --smoke   # one run at W = 1024: runs, no result
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHILD = Path(__file__).resolve().parents[1] / "tests" / "_child" / "pos_embed_first_call.py"
+CHILD = Path(__file__).resolve().parents[1] / "tests" / "patches" / "qwen3_vl_pos_embed" / "pos_embed_first_call.py"
 
 
 def first_calls(impl: str, widths: list[str]) -> dict[str, float]:
@@ -29,9 +30,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--widths", nargs="+", default=["1024", "8192"])
+    parser.add_argument("--smoke", action="store_true", help="one run, the narrowest width")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.widths = 1, ["1024"]
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
 
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_pos_embed import references
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.selftest import references
 
     impls = ["plugin", *references()]
     seconds = {impl: {w: [] for w in args.widths} for impl in impls}

@@ -12,6 +12,7 @@ of mismatch). Overhead: one update forward + backward (``update_policy`` or ``fo
 and R3 alternating (ABBA), medians of ``--repeats``; the ratio is R3 / off.
 
     python benchmarks/routing_replay.py [--samples 32] [--repeats 9]
+    python benchmarks/routing_replay.py --smoke   # 4 samples, one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--smoke", action="store_true", help="4 samples (one per grid), one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.repeats = len(GRIDS), 1
     import verl  # noqa: F401  (the plugin activates here)
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
-    from verl_qwen3vl_plugin.selftest import qwen3_vl_moe_routing_replay as replay
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import selftest as replay
     from verl_qwen3vl_plugin.selftest.ulysses import build_model, install_cpu_stand_ins
 
     install_cpu_stand_ins()
@@ -51,6 +55,8 @@ def main() -> None:
     apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=False)
     batch = replay.batch_of([[GRIDS[i % len(GRIDS)]] for i in range(args.samples)])
     mask = batch["attention_mask"]
+    if args.smoke:
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     print(f"verl {verl.__version__}: {args.samples} samples, {int(mask.sum())} tokens, trainer fp32")
     header = f"{'rollout stand-in':28} {'replay':6} {'routed unlike the rollout':>26}"
     print(f"{header} {'mean |dlogp|':>13} {'max |dlogp|':>12}")

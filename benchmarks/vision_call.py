@@ -5,6 +5,7 @@ Same process, one thread, the two alternating, medians; the model is a small Qwe
 goal: the single call must not be slower than verl's two.
 
     python benchmarks/vision_call.py [--repeats 9]
+    python benchmarks/vision_call.py --smoke   # one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ def timed(function, model, inputs) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--smoke", action="store_true", help="one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     torch.set_num_threads(1)
     from verl.models.transformers import qwen3_vl
 
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_single_vision_call import get_input_embeds
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_single_vision_call import model_inputs
+    from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call.replacement import get_input_embeds
+    from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call.selftest import model_inputs
     from verl_qwen3vl_plugin.selftest.tiny_models import randomize, tiny_qwen3_vl
 
     model = randomize(tiny_qwen3_vl(**BENCH_TOWER), seed=0)
     impls = {"verl (2 calls)": qwen3_vl._get_input_embeds, "plugin (1 call)": get_input_embeds}
+    if args.smoke:
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     print(f"CPU, 1 thread, forward + backward, medians of {args.repeats} alternating runs")
     for name, samples in CASES.items():
         inputs = model_inputs(samples)

@@ -7,6 +7,7 @@
    same ranks, alternating, medians of the slower rank's time (the step waits for it).
 
     python benchmarks/vision_dp.py [--images 16] [--repeats 5]
+    python benchmarks/vision_dp.py --smoke   # 2 images, one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def tower_gflop(patches: int) -> float:
 
 
 def flops_table(images: int) -> None:
-    from verl_qwen3vl_plugin.replacements.qwen3_vl_vision_dp import assign
+    from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import assign
 
     grids = [GEO3K_GRIDS[i % len(GEO3K_GRIDS)] for i in range(images)]
     patches = [t * h * w for t, h, w in grids]
@@ -100,9 +101,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="2 images (one a rank), one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.images, args.repeats = 2, 1
     flops_table(args.images)
     times = cpu_times(args.images, args.repeats)
+    if args.smoke:
+        print("\nSMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     print(f"\nCPU, 2 gloo ranks x 1 thread, SP = 2, actor forward + backward, {args.images} images, tower "
           f"{json.dumps(BENCH_TOWER)}; medians of {args.repeats}, alternating:")  # fmt: skip
     print(f"  verl {times['verl']:.3f} s, plugin {times['plugin']:.3f} s: {times['verl'] / times['plugin']:.2f}x")

@@ -1,6 +1,8 @@
 """Helpers shared by the tests: the stack under test, and fresh interpreters with controlled environments.
 
-Child-process scripts live in ``tests/_child/`` so ruff sees them.
+A patch's child scripts live in its test folder, the shared ones in ``tests/_child/``, which every child has on its
+``PYTHONPATH`` (``from ulysses_ranks import shard``). They are scripts, not ``tests.`` modules: verl's wheel installs
+a top-level ``tests`` package of its own, which shadows this repository's outside pytest.
 """
 
 from __future__ import annotations
@@ -35,13 +37,17 @@ def run_args(
     Without the switches the child is a user's process: the start-up hook on, nothing exported.
     """
     base = {k: v for k, v in os.environ.items() if not k.startswith(PLUGIN_SWITCHES)}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHILD), base.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, *args], env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
 
 
-def run_child(script: str, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``tests/_child/<script>`` in a fresh interpreter (see ``run_args`` for its environment)."""
+def run_child(
+    script: str | Path, *args: str, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    """Run ``script`` (a path, or a name in ``tests/_child/``) in a fresh interpreter (see ``run_args`` for its
+    environment)."""
     return run_args([str(CHILD / script), *args], env, **kwargs)
 
 
@@ -51,7 +57,7 @@ def last_json(proc: subprocess.CompletedProcess):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def child_json(script: str, *args: str, env: dict[str, str] | None = None, **kwargs):
+def child_json(script: str | Path, *args: str, env: dict[str, str] | None = None, **kwargs):
     return last_json(run_child(script, *args, env=env, **kwargs))
 
 

@@ -14,9 +14,9 @@ from tests.helpers import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "recipes").rglob("*.md"))]
 OURS = ("verl_qwen3vl_plugin/", "benchmarks/", "recipes/", "docs/", "startup/", ".ci/", "noxfile.py",
-        "pyproject.toml", "CHANGELOG.md", "README.md", "tests/_child/", "tests/patches/", "tests/replacements/",
+        "pyproject.toml", "CHANGELOG.md", "README.md", "tests/_child/", "tests/patches/", "tests/e2e/",
         "tests/recipes/", "tests/test_", "tests/helpers.py", "tests/conftest.py")  # fmt: skip
-PACKAGE_RELATIVE = ("selftest/", "patches/", "replacements/", "hooks/", "models/")
+PACKAGE_RELATIVE = ("selftest/", "patches/", "hooks/", "models/")
 PATH = re.compile(r"`([\w./-]+?)(?:::[\w.]+)?`")
 
 

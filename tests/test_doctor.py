@@ -141,7 +141,7 @@ def test_applied_but_not_run_here_says_why(npu):
     "`doctor --selftest` runs on the main stack and the newest",
 )
 def test_says_whether_routing_replay_is_available_and_how(plain_json):
-    from verl_qwen3vl_plugin.replacements.routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import ENGINE_SWITCH, LEGACY_SWITCH
 
     _, report = plain_json
     line = report["routing_replay"]
@@ -153,7 +153,7 @@ def test_says_whether_routing_replay_is_available_and_how(plain_json):
 
 
 def test_routing_replay_unavailable_says_why():
-    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import spec as replay
 
     labels = [t.label for t in replay.PATCH.targets]
     routers = [

@@ -43,7 +43,7 @@ def throwaway(tmp_path, monkeypatch) -> Patch:
     (tmp_path / f"{UPSTREAM}.py").write_text("def greet():\n    return 'hello'\n")
     (tmp_path / f"{SELFTEST}.py").write_text("def run():\n    return []\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    spec_module = ModuleType(f"{patches.__name__}.throwaway")
+    spec_module = ModuleType(f"{patches.__name__}.throwaway.spec")
     spec_module.PATCH = Patch(
         name="throwaway",
         title="a patch that only exists in this test",

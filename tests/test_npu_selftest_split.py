@@ -34,7 +34,7 @@ def starts(monkeypatch) -> list[str]:
 def test_each_npu_patch_has_a_self_test_module_of_its_own():
     assert sorted(p.name for p in NPU_PATCHES) == sorted(shared.OWNED)
     assert len({p.selftest for p in NPU_PATCHES}) == len(NPU_PATCHES)
-    assert all(p.selftest == f"verl_qwen3vl_plugin.selftest.{p.name}" for p in NPU_PATCHES)
+    assert all(p.selftest == f"verl_qwen3vl_plugin.patches.{p.name}.selftest" for p in NPU_PATCHES)
 
 
 def test_the_patches_split_the_shared_child_s_checks_between_them(starts):

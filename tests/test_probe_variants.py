@@ -14,8 +14,13 @@ from tests import patches as test_patches
 from tests.source_edits import safe_decision, shows
 from verl_qwen3vl_plugin.patches import PATCHES
 
-# Every patch test module under tests/patches/ that holds near-misses (``NEAR_MISSES``): found, not listed.
-MODULES = [importlib.import_module(f"tests.patches.{m.name}") for m in pkgutil.iter_modules(test_patches.__path__)]
+# Each patch's probe tests (``tests/patches/<patch>/test_probes.py``) hold its near-misses (``NEAR_MISSES``): found,
+# not listed.
+MODULES = [
+    importlib.import_module(m.name)
+    for m in pkgutil.walk_packages(test_patches.__path__, f"{test_patches.__name__}.")
+    if m.name.rsplit(".", 1)[-1] == "test_probes" or m.name.count(".") == 2 and not m.ispkg
+]
 NEAR_MISSES = [s for module in MODULES for s in getattr(module, "NEAR_MISSES", ())]
 SAFE_HERE = [(p, t, d) for p in PATCHES for t in p.targets if (d := safe_decision(p, t)) is not None]
 

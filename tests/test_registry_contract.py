@@ -28,13 +28,16 @@ from verl_qwen3vl_plugin.registry import HOOK_MODULES, Patch
 PATCHES_DOC = (ROOT / "docs" / "patches.md").read_text()
 
 
-def test_every_patch_module_is_listed():
-    modules = [m.name for m in pkgutil.iter_modules(patches.__path__) if m.name != "targets"]
-    assert modules, "no patch modules found"
-    for name in modules:
-        module = importlib.import_module(f"{patches.__name__}.{name}")
-        assert isinstance(getattr(module, "PATCH", None), Patch), f"{name} defines no PATCH spec"
-        assert module.PATCH in PATCHES, f"patches/{name}.py is not listed in patches.PATCHES"
+def test_every_patch_package_is_listed():
+    """A patch is a package, ``patches/<name>/``, whose ``spec`` module holds its ``PATCH``; no patch module lies
+    outside one (``targets`` is the generated index)."""
+    found = {m.name: m.ispkg for m in pkgutil.iter_modules(patches.__path__)}
+    assert [name for name, ispkg in found.items() if not ispkg] == ["targets"]
+    assert found, "no patch packages found"
+    for name in (name for name, ispkg in found.items() if ispkg):
+        module = importlib.import_module(f"{patches.__name__}.{name}.spec")
+        assert isinstance(getattr(module, "PATCH", None), Patch), f"patches/{name}/spec.py defines no PATCH"
+        assert module.PATCH in PATCHES, f"patches/{name}/ is not listed in patches.NAMES"
 
 
 def test_names_unique():
@@ -200,7 +203,7 @@ def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_shape_id_names_one_verdict(name: str):
     """Appliers and tests branch on shape ids: in a patch's probes, one id never comes with two verdicts."""
-    tree = ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}").__file__).read_text())
+    tree = ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}.spec").__file__).read_text())
     named = {}  # module-level names of shape ids: SHAPE = "..." or A, B = "...", "..."
     for node in tree.body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):

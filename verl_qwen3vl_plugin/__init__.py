@@ -3,7 +3,7 @@
 verl loads ``verl_qwen3vl_plugin.hooks`` (entry points on verl >= 0.9; the start-up hook or
 ``VERL_USE_EXTERNAL_MODULES`` before); each hook watches its group's targets (``patches/targets.py``, generated
 from the specs). The public names load on first use: the start-up hook imports ``import_watch`` below this package
-in every Python process, which must cost no more than that module.
+in every process that imports verl, which must cost no more than that module.
 """
 
 __version__ = "0.2.0"

@@ -145,7 +145,7 @@ def patch_verdicts(
 
 
 def _routing_replay(patches: dict[str, dict[str, object]]) -> str:
-    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import spec as replay
 
     targets = patches[replay.PATCH.name]["targets"]
     return replay.availability({label: t["verdict"] for label, t in targets.items()})

@@ -4,7 +4,7 @@
 One finder sits at the front of ``sys.meta_path`` while something is waited for. It answers only for the modules
 waited for: it asks the other finders for the module's spec, wraps the loader, and once the module's code has run,
 calls what waits for it. It removes itself once nothing is waiting. Standard library only, and nothing here raises
-into an import: the start-up hook imports this module in every Python process of the environment.
+into an import: the start-up hook imports this module in every Python process of the environment that imports verl.
 """
 
 import _thread
@@ -30,10 +30,22 @@ def after_import(name: str, callback) -> None:
         _call(callback, module)
 
 
-def waits_for(name: str, callback) -> bool:
-    """Whether ``callback`` is waiting for the module ``name``."""
-    with _lock:
-        return callback in _waiting.get(name, ())
+def find_spec(name: str, path=None, target=None):
+    """The watcher's finder: for a module waited for, the spec the other finders give, its loader wrapped to call
+    what waits once the module's code has run; None for any other module, and for one no other finder finds.
+
+    The start-up hook calls it for the lookup of verl that is already under way when it starts waiting for verl.
+    """
+    if name not in _waiting:
+        return None
+    for finder in sys.meta_path:  # the remaining finders, in the order the import system asks them
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path, target) if find is not None and finder is not _Finder else None
+        if spec is not None:
+            if getattr(spec.loader, "exec_module", None) is not None:
+                spec.loader = _NotifyingLoader(spec.loader, name)
+            return spec
+    return None
 
 
 def _call(callback, module) -> None:
@@ -75,15 +87,4 @@ class _NotifyingLoader:
 
 
 class _Finder:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name not in _waiting:
-            return None
-        for finder in sys.meta_path:  # the remaining finders, in the order the import system asks them
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None and finder is not _Finder else None
-            if spec is not None:
-                if getattr(spec.loader, "exec_module", None) is not None:
-                    spec.loader = _NotifyingLoader(spec.loader, name)
-                return spec
-        return None
+    find_spec = staticmethod(find_spec)

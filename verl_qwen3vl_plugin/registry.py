@@ -76,6 +76,50 @@ _OUTCOME = {
 }
 
 
+def in_range(version: tuple[int, ...], spec: str) -> bool:
+    """Whether release ``version`` is in ``spec``: comma-separated clauses such as ``>=0.7.1,<0.9`` (operators
+    ``>=``, ``<``, ``==``); an empty ``spec`` is every release. The standard library only: the registry is imported at
+    ``import verl``."""
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        op = next((o for o in (">=", "<", "==") if clause.startswith(o)), None)
+        if op is None:
+            raise ValueError(f"release range clause {clause!r}: use >=, < or ==")
+        bound = tuple(int(part) for part in clause[len(op) :].strip().split("."))
+        if not {">=": version >= bound, "<": version < bound, "==": version[: len(bound)] == bound}[op]:
+            return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One upstream shape a probe knows: its stable id, the verdict it leads to, and where it is seen. A target's
+    ``shapes`` are the one record of what each release holds: the expected verdicts, the compatibility matrix and the
+    docs derive from them, and the tests check that the probe reads each CI stack as declared."""
+
+    id: str
+    verdict: Verdict
+    verl: str = ""  # the verl releases that hold it, as a range (``in_range``); "": every release
+    transformers: str = ""  # likewise, the transformers releases
+    # Where its code is read when no release holds it (a pull request's branch): then no stack matches it.
+    elsewhere: str = ""
+
+    def seen_on(self, verl: tuple[int, ...], transformers: tuple[int, ...]) -> bool:
+        return not self.elsewhere and in_range(verl, self.verl) and in_range(transformers, self.transformers)
+
+    def decision(self, reason: str) -> Decision:
+        """What a probe returns on recognising this shape; ``reason`` says what it saw, for people."""
+        return Decision(self.verdict, self.id, reason)
+
+    def narrowed(self, verl: str = "", transformers: str = "") -> Shape:
+        """The same shape, seen on fewer releases: where one target's module exists on fewer releases than
+        another's (Qwen3.5's, from transformers 5.2)."""
+        return replace(
+            self,
+            verl=",".join(filter(None, (self.verl, verl))),
+            transformers=",".join(filter(None, (self.transformers, transformers))),
+        )
+
+
 @dataclass(frozen=True)
 class Decision:
     """A probe's conclusion. ``shape`` is a stable id of what it recognised (``verl0.7.0-top-k-experts``;
@@ -98,15 +142,25 @@ class Target:
     apply: Callable[[ModuleType, Decision], None] | None
     # The decision where the module does not exist, from what upstream has instead; None: unrecognized.
     absent: Callable[[], Decision] | None = None
-    name: str = ""  # what in the module is judged, where one patch has two targets in one module
+    name: str = ""  # what in the module is probed, where one patch has two targets in one module
     reads: tuple[str, ...] = ()  # the other modules its probe reads (a contract test holds every probe to this)
+    shapes: tuple[Shape, ...] = ()  # every shape its probe knows, and where each is seen
+
+    def shape_on(self, verl: tuple[int, ...], transformers: tuple[int, ...]) -> Shape:
+        """The one declared shape seen on these releases; ``LookupError`` where none or several are."""
+        found = [s for s in self.shapes if s.seen_on(verl, transformers)]
+        if len(found) != 1:
+            where = f"verl {'.'.join(map(str, verl))}, transformers {'.'.join(map(str, transformers))}"
+            ids = [s.id for s in found] or "none"
+            raise LookupError(f"{self.label}: {len(found)} declared shapes seen on {where} ({ids}); declare one")
+        return found[0]
 
     @property
     def label(self) -> str:
         return f"{self.module}:{self.name}" if self.name else self.module
 
 
-SELFTEST_PACKAGE = "verl_qwen3vl_plugin.selftest"
+PATCHES_PACKAGE = "verl_qwen3vl_plugin.patches"
 UNKNOWN = "unrecognized"  # the shape of every decision whose upstream code no probe recognises
 
 
@@ -115,10 +169,12 @@ def unrecognized(reason: str) -> Decision:
     return Decision(Verdict.UNRECOGNIZED, UNKNOWN, reason)
 
 
-def not_used_when_absent(shape: str, reason: str) -> Callable[[], Decision]:
+def not_used_when_absent(shape: Shape, reason: str) -> Callable[[], Decision]:
     """A target's ``absent`` for a module this stack may lack (an older release, a model family it does not ship):
-    "not used", saying why, instead of failing closed."""
-    return lambda: Decision(Verdict.NOT_USED, shape, reason)
+    ``shape`` (a "not used" one), saying why, instead of failing closed."""
+    if shape.verdict is not Verdict.NOT_USED:
+        raise ValueError(f"an absent module is not used, not {shape.verdict.value}: {shape.id}")
+    return lambda: shape.decision(reason)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +190,7 @@ class Patch:
     how: str  # what is replaced
     upstream: tuple[str, ...]  # upstream PRs and issues
     remove_when: str
+    details: str = ""  # the longer story, in Markdown: what the short fields leave out (docs/patches.md prints it)
     # The module whose run() checks the patch on tiny models (doctor --selftest); "": the one named after the patch.
     selftest: str = ""
     # Why the applied code does not run on a machine with these devices ({"cuda": bool, "npu": bool}), beyond
@@ -142,7 +199,7 @@ class Patch:
 
     def __post_init__(self) -> None:
         if not self.selftest:
-            object.__setattr__(self, "selftest", f"{SELFTEST_PACKAGE}.{self.name}")
+            object.__setattr__(self, "selftest", f"{PATCHES_PACKAGE}.{self.name}.selftest")
 
     def target(self, label: str) -> Target:
         found = next((t for t in self.targets if t.label == label), None)

@@ -11,27 +11,49 @@ import ast
 from collections.abc import Callable
 
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import Decision, Target, not_used_when_absent
+from verl_qwen3vl_plugin.registry import Decision, Shape, Target, Verdict, not_used_when_absent
 
 # transformers module -> its vision class
 VISION_CLASSES = {family.modeling: family.vision_class for family in FAMILIES}
 
 
 def vision_targets(
-    decide: Callable[[Family, ast.Module], Decision], apply: Callable[[type], None], reads: tuple[str, ...] = ()
+    decide: Callable[[Family, ast.Module], Decision],
+    apply: Callable[[type], None],
+    shapes: tuple[Shape, ...],
+    reads: tuple[str, ...] = (),
 ) -> tuple[Target, ...]:
-    """One target per family's tower, judged by ``decide(family, module tree)``; ``apply`` gets the class."""
+    """One target per family's tower, judged by ``decide(family, module tree)``; ``apply`` gets the class.
+    ``shapes`` are the towers' shapes; a family shipped later than Qwen3-VL sees them from its first release and
+    its own absent shape before it."""
 
     def target(family: Family) -> Target:
-        shipped_always = family.transformers <= QWEN3_VL.transformers
+        if family.transformers <= QWEN3_VL.transformers:
+            return Target(
+                module=family.modeling,
+                decide=lambda tree: decide(family, tree),
+                apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
+                reads=reads,
+                shapes=shapes,
+            )
+        since = ".".join(map(str, family.transformers))
+        absent = absent_family(family)
         return Target(
             module=family.modeling,
             decide=lambda tree: decide(family, tree),
             apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
-            absent=None
-            if shipped_always
-            else not_used_when_absent(f"no-{family.model_type}", family.missing("transformers")),
+            absent=not_used_when_absent(absent, family.missing("transformers")),
             reads=reads,
+            shapes=(absent, *(s.narrowed(transformers=f">={since}") for s in shapes)),
         )
 
     return tuple(target(family) for family in FAMILIES)
+
+
+def absent_family(family: Family) -> Shape:
+    """A transformers before ``family``'s first release: its modeling module is missing, and not used."""
+    return Shape(
+        id=f"no-{family.model_type}",
+        verdict=Verdict.NOT_USED,
+        transformers=f"<{'.'.join(map(str, family.transformers))}",
+    )

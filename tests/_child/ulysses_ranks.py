@@ -9,6 +9,8 @@ scripts (``from ulysses_ranks import ...``) and the benchmarks, not as ``tests.`
 
 from __future__ import annotations
 
+import socket
+
 import torch
 import torch.distributed as dist
 
@@ -57,3 +59,20 @@ def log_prob_forward(model: torch.nn.Module, batch: dict, sp: int) -> tuple[torc
         return (out["log_probs"], out["entropys"]) if isinstance(out, dict) else out[::-1]
     finally:
         set_ulysses_sequence_parallel_group(None)
+
+
+def error_of(call) -> str | None:
+    """The exception ``call`` raised, as one line; None where it returned."""
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def one_rank_group() -> None:
+    """A gloo group of this process alone, on a free local port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

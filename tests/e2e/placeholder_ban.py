@@ -23,7 +23,7 @@ def patch_model(self, vocab_size: int, wrap: bool) -> dict:
     """Run in vLLM's worker (``collective_rpc``), where verl's worker extension patches the model."""
     import verl.workers.rollout.vllm_rollout.utils as utils
 
-    from verl_qwen3vl_plugin.replacements.vision_placeholder_ban import ban_placeholders
+    from verl_qwen3vl_plugin.patches.vision_placeholder_ban.replacement import ban_placeholders
 
     patch = ban_placeholders(utils.monkey_patch_compute_logits) if wrap else utils.monkey_patch_compute_logits
     model = self.model_runner.model

@@ -9,12 +9,10 @@ import pytest
 from tests.helpers import POS_EMBED_USED, VERL, child_json, judge, last_json, run_child, source_text, use_sources
 from verl_qwen3vl_plugin import environment
 from verl_qwen3vl_plugin.environment import parse
-from verl_qwen3vl_plugin.patches import (
-    NAMES,
-    npu_qwen3_vl_moe_routing,
-    npu_qwen3_vl_moe_weight_sync,
-    qwen3_vl_pos_embed,
-)
+from verl_qwen3vl_plugin.patches import NAMES
+from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as npu_qwen3_vl_moe_routing
+from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_weight_sync import spec as npu_qwen3_vl_moe_weight_sync
+from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed import spec as qwen3_vl_pos_embed
 from verl_qwen3vl_plugin.registry import Decision, Verdict, decide, disable_list
 
 NPU_PATCH = "verl.models.transformers.npu_patch"

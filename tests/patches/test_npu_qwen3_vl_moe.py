@@ -36,8 +36,8 @@ from tests.source_edits import (
     unpermute_with_float_weights,
 )
 from verl_qwen3vl_plugin.hooks import watch_group
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
-from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
+from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as routing
+from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_weight_sync import spec as sync
 from verl_qwen3vl_plugin.registry import NPU, Status, Verdict, patch_statuses
 from verl_qwen3vl_plugin.selftest.moe_blocks import (
     block_input,
@@ -221,7 +221,7 @@ def test_shard_export_sends_the_npu_layout_and_reads_unrecognized(npu):
 def test_weight_sync_wrapper_passes_through_what_it_does_not_read(npu):
     """An ``unfuse_moe_params`` with a parameter the wrapper does not know (the fixture made transformers' module build
     verl's NPU block): it reads ``model_type`` by name and hands every argument on as given."""
-    from verl_qwen3vl_plugin.replacements.npu_qwen3_vl_moe_weight_sync import layout_aware
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_weight_sync.replacement import layout_aware
 
     seen = {}
 
@@ -270,10 +270,10 @@ def test_grouped_eval_output_bit_identical_to_training(npu):
 def test_routing_replay_routes_verls_npu_block_by_the_record(npu):
     """Routing replay's third router: verl's Ascend block takes its top-k ids from the record (all-equal rows of no
     record keep the block's own), in training, and its gate still gets a gradient."""
-    from verl_qwen3vl_plugin.patches import qwen3_vl_moe_routing_replay as replay_patch
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import routes
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import spec as replay_patch
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.selftest import chosen_experts
     from verl_qwen3vl_plugin.registry import watch_patches
-    from verl_qwen3vl_plugin.replacements.routing_replay import routes
-    from verl_qwen3vl_plugin.selftest.qwen3_vl_moe_routing_replay import chosen_experts
 
     watch_patches([replay_patch.PATCH], frozenset())  # npu_patch is imported: its target acts right away
     model = npu_model(npu, "hidden_ne_2i").train()

@@ -192,7 +192,7 @@ def test_routing_replay_sets_verls_switch_where_this_verl_reads_it(mode="R3"):
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    from verl_qwen3vl_plugin.replacements.routing_replay.routes import mode_of
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import mode_of
 
     c = dry_run("run.sh", ROUTING_REPLAY=mode)
     actor = omega_conf_to_dataclass(OmegaConf.create(c["actor_rollout_ref"]["actor"]))

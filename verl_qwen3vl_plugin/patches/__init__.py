@@ -31,8 +31,8 @@ NAMES = (
 
 
 def spec(name: str) -> Patch:
-    """The spec of patch ``name`` (its module's ``PATCH``)."""
-    return importlib.import_module(f"{__name__}.{name}").PATCH
+    """The spec of patch ``name`` (its ``spec`` module's ``PATCH``)."""
+    return importlib.import_module(f"{__name__}.{name}.spec").PATCH
 
 
 def __getattr__(attr: str) -> tuple[Patch, ...]:

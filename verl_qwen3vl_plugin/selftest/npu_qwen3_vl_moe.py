@@ -82,9 +82,9 @@ def _with_experts_forward(experts_forward):
 def checks_here() -> list[Check]:
     """Every NPU patch's checks, in this process (which they leave with verl's npu_patch imported)."""
     from verl_qwen3vl_plugin.hooks import watch_group
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_routing as routing
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_sparse_eval as sparse_eval
-    from verl_qwen3vl_plugin.patches import npu_qwen3_vl_moe_weight_sync as sync
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as routing
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_sparse_eval import spec as sparse_eval
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_weight_sync import spec as sync
     from verl_qwen3vl_plugin.registry import NPU, Verdict, decide_installed
     from verl_qwen3vl_plugin.selftest.moe_blocks import (
         block_input,

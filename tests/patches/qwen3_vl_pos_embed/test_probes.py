@@ -1,0 +1,101 @@
+"""The model-patch hook in real processes: ``import verl`` loads it, transformers' import triggers it, and verl's
+``apply_monkey_patch`` on a tiny Qwen3-VL / Qwen3-VL-MoE (and Qwen3.5 / Qwen3.5-MoE, transformers >= 5.2) leaves the
+plugin's function in effect. On transformers >= 5.9, near-misses of its interpolation through vision_utils."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import POS_EMBED_USED, TRANSFORMERS, child_json
+from tests.source_edits import (
+    APPLY,
+    UNRECOGNIZED,
+    Shape,
+    Variant,
+    check_near_miss,
+    near_miss_cases,
+    prepend_to,
+    substitute,
+)
+from verl_qwen3vl_plugin import vision_towers
+from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.spec import FIXED_HELPERS
+
+HERE = Path(__file__).parent  # this patch's child scripts
+
+QWEN3_5 = TRANSFORMERS.release >= (5, 2)
+METHOD_DEFINED = TRANSFORMERS.release < (5, 18)  # the vision classes' own fast_pos_embed_interpolate
+VISION_MODULES = (
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+    *(("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+      if QWEN3_5 else ()),
+)  # fmt: skip
+MODELS = ("dense", "moe", *(("qwen3_5", "qwen3_5_moe") if QWEN3_5 else ()))
+MONKEY_PATCH = "verl.models.transformers.monkey_patch"
+
+
+def test_plugin_function_in_effect_after_verl_monkey_patch():
+    result = child_json(HERE / "build_and_patch.py")
+    for module in VISION_MODULES:
+        status, reason = result["status"][module]
+        assert status == ("applied" if POS_EMBED_USED else "skipped"), reason
+    # Wrapped on every verl: verl >= 0.8 sets its own method there, 0.7 does not, and the wrapper is right either way.
+    assert result["status"][MONKEY_PATCH][0] == "applied"
+    assert set(MODELS) <= set(result)
+    for name in MODELS:
+        assert result[name]["finite"]
+        if POS_EMBED_USED:  # transformers >= 5.9 never calls the method: verl's unused copy may stay on the class
+            assert result[name]["ours"], name
+
+
+def test_without_the_plugin_nothing_is_patched():
+    """The control for the test above: the same process with the plugin switched off keeps upstream's/verl's."""
+    result = child_json(
+        HERE / "build_and_patch.py", env={"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
+    )
+    assert result["status"] == {}
+    assert not any(result[name]["ours"] for name in MODELS)
+
+
+@pytest.mark.parametrize("names", ["all", "qwen3_vl_pos_embed", "qwen3_vl_pos_embed,npu_qwen3_vl_moe_routing"])
+def test_disabled_by_name(names):
+    result = child_json(HERE / "build_and_patch.py", env={"VERL_QWEN3VL_PLUGIN_DISABLE": names})
+    assert {s for s, _ in result["status"].values()} == {"disabled"}
+    assert not result["dense"]["ours"]
+
+
+def _uses_vision_utils(module: str, helper: str) -> tuple[Variant, ...]:
+    """transformers >= 5.9's interpolation through ``vision_utils``' ``helper``, near-missed in ``module``."""
+    cls = vision_towers.VISION_CLASSES[module]
+    return (
+        Variant("renamed helper", module, substitute(rf"\b{helper}\(", "get_vision_weights(")),
+        Variant("helper as an attribute call", module, substitute(rf"(?<!\.)\b{helper}\(", f"vision_utils.{helper}(")),
+        Variant(
+            "helper from another module",
+            module,
+            substitute(r"from \.\.\.vision_utils import", "from ...vision_helpers import"),
+        ),
+        Variant("helper on another grid", module, substitute(rf"({helper}\(\s*)grid_thw", r"\1grid_thw * 2")),
+        # The patched method is called again: the patch replaces it, so it still works, where the class still has
+        # it (transformers 5.18 removed it: a call of a missing method is not a shape the plugin can patch).
+        Variant(
+            "forward also calls the method",
+            module,
+            prepend_to(cls, "forward", "self.fast_pos_embed_interpolate(grid_thw)"),
+            APPLY if METHOD_DEFINED else UNRECOGNIZED,
+        ),
+    )
+
+
+NEAR_MISSES = [
+    Shape("qwen3_vl_pos_embed", module, shape, _uses_vision_utils(module, helper))
+    for module in vision_towers.VISION_CLASSES
+    for helper, shape in FIXED_HELPERS.items()
+]
+
+
+@pytest.mark.parametrize(("patch", "target", "variant"), near_miss_cases(NEAR_MISSES))
+def test_near_miss_of_a_safe_shape_is_not_called_safe(monkeypatch, patch, target, variant):
+    check_near_miss(monkeypatch, patch, target, variant)

@@ -1,0 +1,95 @@
+"""Patch ``npu_qwen3_vl_moe_sparse_eval``: verl's Ascend Qwen3-VL-MoE experts run their grouped path in eval too.
+
+Target: ``verl.models.transformers.npu_patch`` (imported by verl on Ascend only). Known shapes (the probe's whole
+knowledge):
+- affected, verl 0.7.0 to 0.9.1: ``NPUQwen3VLMoeTextExperts.forward(self, hidden_states, routing_weights,
+  router_indices)`` branches on ``if self.training:``; that branch permutes tokens (``npu_moe_token_permute``), runs
+  ``NPUGmmFunction.apply`` on ``self.gate_up_proj`` and ``self.down_proj`` with ``npu_swiglu`` between them, and
+  unpermutes; the ``else`` repeats every token for every expert and multiplies with ``torch.bmm``. The replacement's
+  eval is exactly that training path, so the probe checks each of those calls;
+- fixed: a forward with no ``self.training`` branch that permutes tokens, calls ``NPUGmmFunction.apply`` and makes
+  no dense product (``repeat``, ``bmm``, ``matmul``, ``einsum``): grouped in every mode. No verl release has it yet.
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import originals, syntax
+from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Shape, Target, Verdict, unrecognized
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
+
+EXPERTS = "NPUQwen3VLMoeTextExperts"
+GMM = "NPUGmmFunction"
+
+
+SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
+DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
+
+
+GROUPED_IN_EVERY_MODE = Shape(
+    id="grouped-in-every-mode", verdict=Verdict.FIXED_UPSTREAM, elsewhere="no release yet: the fix this patch proposes"
+)
+DENSE_EVAL = Shape(id="dense-eval", verdict=Verdict.APPLY)
+
+
+def _gmm_operands(node: ast.AST) -> list[str]:
+    """The weight operand of each ``NPUGmmFunction.apply(x, weight, counts)`` in ``node``, as source text."""
+    return [
+        ast.unparse(c.args[1])
+        for c in syntax.call_nodes(node, "apply")
+        if isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value) == GMM and len(c.args) == 3
+    ]
+
+
+def _grouped(node: ast.AST) -> bool:
+    """verl's grouped path: permute, gate_up GEMM, swiglu, down GEMM, unpermute."""
+    return (
+        all(syntax.calls(node, op) for op in ("npu_moe_token_permute", "npu_swiglu", "npu_moe_token_unpermute"))
+        and _gmm_operands(node) == ["self.gate_up_proj", "self.down_proj"]
+        and not any(syntax.calls(node, op) for op in DENSE_OPS)
+    )
+
+
+def decide(tree: ast.Module) -> Decision:
+    forward = syntax.find_function(syntax.find_class(tree, EXPERTS), "forward")
+    if forward is None or syntax.find_class(tree, GMM) is None:
+        return unrecognized(f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
+    if syntax.parameters(forward) != SIGNATURE:
+        return unrecognized(f"{EXPERTS}.forward is not ({', '.join(SIGNATURE)})")
+    branches = [n for n in ast.walk(forward) if isinstance(n, ast.If) and syntax.mentions(n.test, "training")]
+    if not branches and _grouped(forward):
+        return GROUPED_IN_EVERY_MODE.decision(f"{EXPERTS}.forward is grouped in every mode")
+    if len(branches) == 1 and ast.unparse(branches[0].test) == "self.training":
+        training, other = ast.Module(branches[0].body, []), ast.Module(branches[0].orelse, [])
+        if _grouped(training) and syntax.calls(other, "bmm") and syntax.calls(other, "repeat"):
+            return DENSE_EVAL.decision(f"{EXPERTS}.forward runs every expert on every token when not training")
+    return unrecognized(f"{EXPERTS}.forward matches no known verl release's grouped/dense split")
+
+
+def _apply(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_sparse_eval.replacement import grouped_eval_forward
+
+    gmm = getattr(module, GMM)
+    originals.wrap(getattr(module, EXPERTS), "forward", lambda verl_forward: grouped_eval_forward(verl_forward, gmm))
+
+
+PATCH = Patch(
+    name="npu_qwen3_vl_moe_sparse_eval",
+    title="grouped eval for verl's Ascend Qwen3-VL-MoE experts",
+    group=NPU,
+    targets=(Target(module=NPU_PATCH, decide=decide, apply=_apply, shapes=(DENSE_EVAL, GROUPED_IN_EVERY_MODE)),),
+    devices=("npu",),
+    why=(
+        "verl's Ascend Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl computes old "
+        "and reference log-probs: E / top_k times the expert FLOPs and E copies of the tokens per layer."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_sparse_eval.replacement.grouped_eval_forward:"
+        " in eval, the experts' own grouped path "
+        "(token permute, verl's grouped matmul, unpermute with the top-k weights); training is verl's forward."
+    ),
+    upstream=("verl#6131",),
+    remove_when="verl's NPUQwen3VLMoeTextExperts.forward is grouped in eval.",
+)

@@ -1,0 +1,235 @@
+"""Patch ``qwen3_5_layer_attributes``: verl 0.9's Qwen3.5 layer forwards run on transformers >= 5.13, which renamed
+or moved the layer attributes they read.
+
+verl 0.9 installs its own decoder-layer and gated delta-net forwards on transformers' Qwen3.5 classes. They read
+``self.layer_type`` (transformers 5.13 renamed it ``block_type`` on the decoder layer) and the delta-net's kernels as
+attributes (``self.causal_conv1d_fn``, ``self.chunk_gated_delta_rule``, ...), which transformers 5.16 turned into
+module-level functions that pick FLA or causal-conv1d at import. The first forward dies with an AttributeError, in
+every process, on every device.
+
+Targets: ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe``. The classes get
+the old names back: ``layer_type`` reads ``block_type``; each kernel attribute is what transformers' module-level
+function dispatches to (the package's kernel found at import, else transformers' torch function; for the
+convolution None, verl's sign to run its own), as transformers <= 5.15 set them.
+
+Known shapes (the probe's whole knowledge):
+- affected: verl's ``qwen3_5`` module reads one of these attributes on ``self``, and the transformers class lacks it:
+  the decoder layer's ``__init__`` sets ``self.block_type`` and no ``self.layer_type`` (>= 5.13); the delta-net's
+  ``__init__`` sets no kernel attribute and the module defines its function decorated
+  ``@use_kernel_func_from_hub_with_fallback(...)`` (>= 5.16);
+- fixed upstream: the classes set every attribute verl's module reads (transformers <= 5.12), or verl's layer
+  forwards look ``block_type`` and the kernels up by name (``getattr(self, "block_type", None)``,
+  ``_delta_net_kernel(self, "causal_conv1d_fn")``: verl#7471);
+- not used: no Qwen3.5 module in verl (verl 0.7), or verl 0.8's: its model forward and no layer forward of its own;
+- anything else, such as a layer forward that reads none of these attributes, is unrecognized.
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import environment, originals, syntax
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.registry import (
+    MODEL,
+    Decision,
+    Patch,
+    Shape,
+    Target,
+    Verdict,
+    not_used_when_absent,
+    unrecognized,
+)
+from verl_qwen3vl_plugin.vision_towers import absent_family
+
+NEW_TYPE = "block_type"
+RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
+KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers >= 5.16's module-level function
+    "causal_conv1d_fn": "causal_conv1d_fn",
+    "causal_conv1d_update": "causal_conv1d_update",
+    "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
+}
+DISPATCHER = "use_kernel_func_from_hub_with_fallback"
+MODEL_FORWARD = "qwen3_5_base_forward"  # verl >= 0.8's Qwen3.5 model forward, whatever its layers run
+LAYER_WORDS = ("decoder_layer", "gated_delta_net")  # in the names of verl 0.9's own layer forwards
+
+
+def layer_forwards(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The module's functions named for a Qwen3.5 layer (verl 0.9's ``qwen3_5_decoder_layer_forward``, ...)."""
+    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and any(w in n.name for w in LAYER_WORDS)]
+
+
+def resolved_names(functions: list[ast.FunctionDef]) -> set[str]:
+    """The names ``functions`` look up on their layer by string, as in ``getattr(self, "block_type", None)`` or
+    verl#7471's ``_delta_net_kernel(self, "causal_conv1d_fn")``."""
+    return {
+        call.args[1].value
+        for func in functions
+        for call in ast.walk(func)
+        if isinstance(call, ast.Call)
+        and len(call.args) >= 2
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == "self"
+        and isinstance(call.args[1], ast.Constant)
+        and isinstance(call.args[1].value, str)
+    }
+
+
+NO_VERL_QWEN3_5 = Shape(id="no-verl-qwen3.5", verdict=Verdict.NOT_USED, verl="<0.8")
+NO_LAYER_FORWARDS = Shape(id="verl0.8-no-layer-forwards", verdict=Verdict.NOT_USED, verl=">=0.8,<0.9")
+LAYERS_SET_WHAT_VERL_READS = Shape(
+    id="layers-set-what-verl-reads", verdict=Verdict.FIXED_UPSTREAM, verl=">=0.9", transformers="<5.13"
+)
+BLOCK_TYPE = Shape(id="tf5.13-block-type", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.13,<5.16")
+MODULE_KERNELS = Shape(id="tf5.16-module-kernels", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.16")
+RESOLVES_LAYER_NAMES = Shape(
+    id="verl-resolves-layer-names", verdict=Verdict.FIXED_UPSTREAM, elsewhere="verl#7471's branch"
+)
+
+
+def verl_reads(tree: ast.Module) -> set[str]:
+    """The attributes of ``RENAMED`` and ``KERNELS`` that verl's functions read on their ``self``."""
+    wanted = RENAMED.keys() | KERNELS.keys()
+    return {
+        node.attr
+        for func in ast.walk(tree)
+        if isinstance(func, ast.FunctionDef) and syntax.parameters(func)[:1] == ["self"]
+        for node in ast.walk(func)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr in wanted
+    }
+
+
+def _sets(cls: ast.ClassDef | None, attr: str) -> bool:
+    init = syntax.find_function(cls, "__init__")
+    return init is not None and syntax.assigns_attribute(init, attr)
+
+
+def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str, str], list[str]] | str:
+    """(renamed attribute -> its new name, kernel attributes) that ``reads`` needs and the family's classes lack, or
+    why the classes are no known shape."""
+    decoder = syntax.find_class(tree, f"{family.prefix}DecoderLayer")
+    delta_net = syntax.find_class(tree, f"{family.prefix}GatedDeltaNet")
+    renamed = {}
+    for old, new in RENAMED.items():
+        if old not in reads or _sets(decoder, old):
+            continue
+        if not _sets(decoder, new):
+            return f"{family.prefix}DecoderLayer sets neither {old} nor {new}"
+        renamed[old] = new
+    kernels = []
+    for attr in sorted(reads & KERNELS.keys()):
+        if _sets(delta_net, attr):
+            continue
+        if not syntax.called_decorator(syntax.find_function(tree, KERNELS[attr]), DISPATCHER):
+            return f"{family.prefix}GatedDeltaNet sets no {attr}, and {KERNELS[attr]} is no @{DISPATCHER} function"
+        kernels.append(attr)
+    return renamed, kernels
+
+
+def _reading_no_old_name(verl: ast.Module) -> Decision:
+    """verl's Qwen3.5 module when no function of it reads an old name on ``self``."""
+    layers = layer_forwards(verl)
+    if not layers and syntax.find_function(verl, MODEL_FORWARD) is not None:
+        return NO_LAYER_FORWARDS.decision(
+            "verl installs no Qwen3.5 layer forwards of its own: transformers' run as they are"
+        )
+    resolved = resolved_names(layers)
+    if NEW_TYPE in resolved and resolved & KERNELS.keys():
+        return RESOLVES_LAYER_NAMES.decision(
+            f"verl's Qwen3.5 layer forwards look up {NEW_TYPE} and the delta-net kernels by name (verl#7471)"
+        )
+    return unrecognized(
+        f"{QWEN3_5.verl_forward} neither reads the old layer names nor looks up {NEW_TYPE} and the kernels by name "
+        f"(verl#7471), and is not verl 0.8's ({MODEL_FORWARD} without layer forwards)"
+    )
+
+
+def decide(tree: ast.Module, family: Family) -> Decision:
+    verl = environment.source_of(QWEN3_5.verl_forward)
+    if verl.tree is None:
+        if verl.missing:
+            return NO_VERL_QWEN3_5.decision(QWEN3_5.missing("verl"))
+        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
+    reads = verl_reads(verl.tree)
+    if not reads:
+        return _reading_no_old_name(verl.tree)
+    found = missing(tree, family, reads)
+    if isinstance(found, str):
+        return unrecognized(found)
+    renamed, kernels = found
+    if not renamed and not kernels:
+        return LAYERS_SET_WHAT_VERL_READS.decision(
+            f"{family.prefix}'s layers set every attribute verl's Qwen3.5 forwards read"
+        )
+    lacks = [f"{family.prefix}DecoderLayer.{old} (now {new}, transformers >= 5.13)" for old, new in renamed.items()]
+    if kernels:
+        lacks.append(f"{family.prefix}GatedDeltaNet.{'/'.join(kernels)} (module-level, transformers >= 5.16)")
+    return (MODULE_KERNELS if kernels else BLOCK_TYPE).decision(
+        f"verl's Qwen3.5 forwards read {' and '.join(lacks)}: AttributeError on the first forward"
+    )
+
+
+def _target(family: Family) -> Target:
+    def apply(module: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.replacement import (
+            dispatched_kernel,
+            renamed_attribute,
+        )
+
+        found = missing(environment.tree(family.modeling), family, verl_reads(environment.tree(QWEN3_5.verl_forward)))
+        renamed, kernels = found  # the decision was APPLY on this very source
+        for old, new in renamed.items():
+            originals.add(getattr(module, f"{family.prefix}DecoderLayer"), old, renamed_attribute(new))
+        for attr in kernels:
+            kernel = dispatched_kernel(getattr(module, KERNELS[attr]), none_without_package=attr == "causal_conv1d_fn")
+            originals.add(getattr(module, f"{family.prefix}GatedDeltaNet"), attr, kernel)
+
+    return Target(
+        module=family.modeling,
+        decide=lambda tree: decide(tree, family),
+        apply=apply,
+        absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
+        reads=(QWEN3_5.verl_forward,),
+        shapes=(
+            absent_family(family),
+            *(
+                shape.narrowed(transformers=">=5.2")
+                for shape in (
+                    NO_VERL_QWEN3_5,
+                    NO_LAYER_FORWARDS,
+                    LAYERS_SET_WHAT_VERL_READS,
+                    BLOCK_TYPE,
+                    MODULE_KERNELS,
+                )
+            ),
+            RESOLVES_LAYER_NAMES,
+        ),
+    )
+
+
+PATCH = Patch(
+    name="qwen3_5_layer_attributes",
+    title="verl 0.9's Qwen3.5 layer forwards on transformers >= 5.13: the attributes they read",
+    group=MODEL,
+    targets=tuple(_target(family) for family in (QWEN3_5, QWEN3_5_MOE)),
+    why=(
+        "verl 0.9.x's Qwen3.5 decoder-layer and gated delta-net forwards read layer attributes that transformers 5.13 "
+        "renamed (layer_type is block_type) and 5.16 moved to module-level kernels (causal_conv1d_fn, "
+        "chunk_gated_delta_rule, ...): with verl's transformers pin overridden, the first Qwen3.5 forward raises "
+        "AttributeError."
+    ),
+    how=(
+        "The classes get the old names back, read-only: layer_type reads block_type, and each kernel attribute is "
+        "what transformers' module-level function dispatches to (FLA or causal-conv1d where found at import, else "
+        "transformers' torch function, or None for the convolution: verl's own), as transformers <= 5.15 set them."
+    ),
+    upstream=("verl#7471",),
+    remove_when="the verl you run with Qwen3.5 reads transformers' new names (verl#7471), or you keep transformers "
+    "below 5.13 (verl 0.9.1's pin is < 5.11).",
+)

@@ -1,0 +1,243 @@
+"""Patch ``qwen3_5_packed_delta_net``: Qwen3.5's gated delta-net (linear attention) layers keep verl's packed samples
+apart, on every stack and device, and run under Ulysses SP without flash-linear-attention (FLA).
+
+verl packs a micro-batch into one row (``use_remove_padding``). A gated delta-net layer carries a recurrent state and
+a causal convolution along the row, so both must restart at each sample. Where they do not, log-probs are wrong and
+nothing says so.
+
+Targets:
+- ``verl.models.transformers.qwen3_5`` (verl 0.9.x): ``qwen3_5_gated_delta_net_forward``, which
+  ``apply_monkey_patch`` imports by name and installs on both Qwen3.5 layer classes. It hands ``cu_seqlens`` to any
+  delta rule whose signature takes them or ``**kwargs``: FLA's kernel (right), and transformers >= 5.9's torch
+  fallback, which ignores them (samples mix). On transformers <= 5.8 it loops over samples in Python (right, one
+  kernel per sample), and without FLA it has no Ulysses path (``NotImplementedError``, or on >= 5.9 a silent wrong
+  answer).
+- ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe`` (verl 0.8.0): verl
+  leaves transformers' layers in place and passes them no boundaries, FLA or not; its Ulysses slicing starts each
+  rank's recurrence from zero mid-sequence.
+
+Known shapes (the probe's whole knowledge):
+- verl 0.9.x: ``qwen3_5_gated_delta_net_forward(self, hidden_states, cache_params, attention_mask, cu_seqlens,
+  cu_seqlens_cpu)`` calling ``_packed_chunk_gated_delta_rule``, which asks ``_call_accepts_kwarg`` about
+  ``cu_seqlens``. Where FLA runs (installed, CUDA: transformers' own condition) that is FLA's varlen and
+  context-parallel kernels: fixed upstream. Elsewhere the plugin applies, saying whether transformers' fallback
+  ignores the boundaries (``**kwargs``) or verl loops.
+- verl 0.8.0: its ``qwen3_5`` module has ``qwen3_5_base_forward`` and no delta-net forward (verl target: not used);
+  transformers' ``<Family>GatedDeltaNet.forward(self, hidden_states, cache_params, ...)`` and a
+  ``<Family>DecoderLayer.forward`` that takes ``position_ids`` and calls ``self.linear_attn`` without boundaries.
+- verl 0.7.x: no Qwen3.5 forward in verl: not used.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from types import ModuleType
+
+from verl_qwen3vl_plugin import environment, originals, syntax
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.spec import DISPATCHER
+from verl_qwen3vl_plugin.registry import (
+    MODEL,
+    Decision,
+    Patch,
+    Shape,
+    Target,
+    Verdict,
+    not_used_when_absent,
+    unrecognized,
+)
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
+from verl_qwen3vl_plugin.vision_towers import absent_family
+
+FUNCTION = "qwen3_5_gated_delta_net_forward"  # in verl's Qwen3.5 forward module; apply_monkey_patch installs it
+PARAMETERS = ["self", "hidden_states", "cache_params", "attention_mask", "cu_seqlens", "cu_seqlens_cpu"]
+# The families with gated delta-net layers
+FAMILIES = (QWEN3_5, QWEN3_5_MOE)
+FALLBACK = "torch_chunk_gated_delta_rule"
+
+
+NO_DELTA_NET_FORWARD = Shape(id="verl0.8-no-delta-net-forward", verdict=Verdict.NOT_USED, verl=">=0.8,<0.9")
+FLA_KEEPS_SAMPLES_APART = Shape(
+    id="verl0.9-fla-keeps-samples-apart",
+    verdict=Verdict.FIXED_UPSTREAM,
+    elsewhere="verl >= 0.9 with FLA in use (installed, on CUDA; on any device with transformers >= 5.16)",
+)
+NO_VERL_QWEN3_5 = Shape(id="no-verl-qwen3.5", verdict=Verdict.NOT_USED, verl="<0.8")
+FALLBACK_IGNORES_BOUNDARIES = Shape(
+    id="verl0.9-tf5.9-fallback-ignores-boundaries", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.9"
+)
+PER_SAMPLE_LOOP = Shape(id="verl0.9-per-sample-loop", verdict=Verdict.APPLY, verl=">=0.9", transformers="<5.9")
+REPLACES_LAYER_FORWARD = Shape(id="verl-replaces-layer-forward", verdict=Verdict.NOT_USED, verl=">=0.9")
+NO_BOUNDARIES = Shape(id="verl0.8-no-boundaries", verdict=Verdict.APPLY, verl=">=0.8,<0.9")
+
+
+def fla_in_use() -> bool:
+    """transformers' own condition for FLA's kernels in these layers: FLA installed and CUDA available, or FLA
+    installed at all where transformers (>= 5.16) picks the kernel at import, on any device."""
+    if importlib.util.find_spec("fla") is None:
+        return False
+    return syntax.called_decorator(_fallback(), DISPATCHER) or environment.devices()["cuda"]
+
+
+def _fallback() -> ast.FunctionDef | None:
+    """transformers' torch chunked rule, as installed."""
+    return syntax.find_function(environment.tree(QWEN3_5.modeling), FALLBACK)
+
+
+def _fallback_takes_kwargs() -> bool | None:
+    """Whether transformers' torch chunked rule takes ``**kwargs`` (>= 5.9: verl's ``cu_seqlens`` check passes and
+    the boundaries are ignored); None where it cannot be read."""
+    func = _fallback()
+    return None if func is None else func.args.kwarg is not None
+
+
+def decide_verl(tree: ast.Module) -> Decision:
+    func = syntax.find_function(tree, FUNCTION)
+    if func is None:
+        if syntax.find_function(tree, "qwen3_5_base_forward") is not None:
+            return NO_DELTA_NET_FORWARD.decision(
+                "verl 0.8 has no delta-net forward of its own: transformers' layers run (judged on their targets)"
+            )
+        return unrecognized(f"{QWEN3_5.verl_forward} has neither {FUNCTION} nor qwen3_5_base_forward")
+    helper = syntax.find_function(tree, "_packed_chunk_gated_delta_rule")
+    if (
+        syntax.parameters(func) != PARAMETERS
+        or helper is None
+        or not syntax.calls(func, helper.name)
+        or not syntax.calls(helper, "_call_accepts_kwarg")
+        or not syntax.has_string(helper, "cu_seqlens")
+    ):
+        return unrecognized(f"{FUNCTION} is not verl 0.9's (cu_seqlens to a delta rule that takes them)")
+    if fla_in_use():
+        return FLA_KEEPS_SAMPLES_APART.decision(
+            "packed samples kept apart by FLA: verl hands its varlen kernel the boundaries, and its context-parallel "
+            "kernel runs under Ulysses"
+        )
+    takes_kwargs = _fallback_takes_kwargs()
+    if takes_kwargs is None:
+        return unrecognized(f"transformers' Qwen3.5 modeling has no {FALLBACK}")
+    if takes_kwargs:
+        return FALLBACK_IGNORES_BOUNDARIES.decision(
+            "packed samples kept apart by the plugin: without FLA verl hands transformers' torch fallback cu_seqlens, "
+            "which it takes as **kwargs and ignores (transformers >= 5.9): samples would mix"
+        )
+    return PER_SAMPLE_LOOP.decision(
+        "packed samples kept apart by the plugin: without FLA verl splits them in a Python loop (right, one kernel "
+        "per sample) and has no Ulysses SP; the plugin's varlen path is faster and runs SP"
+    )
+
+
+def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
+    calls = [
+        n
+        for n in syntax.call_nodes(decoder_forward, "linear_attn")
+        if isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
+    ]
+    return {k.arg for k in calls[0].keywords} if len(calls) == 1 else None
+
+
+def decide_transformers(tree: ast.Module, family: Family) -> Decision:
+    verl = environment.source_of(QWEN3_5.verl_forward)
+    if verl.tree is None:
+        if verl.missing:
+            return NO_VERL_QWEN3_5.decision(QWEN3_5.missing("verl"))
+        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
+    if syntax.find_function(verl.tree, FUNCTION) is not None and syntax.mentions(
+        environment.tree(MONKEY_PATCH) or ast.Module(body=[], type_ignores=[]), FUNCTION
+    ):
+        return REPLACES_LAYER_FORWARD.decision(
+            f"verl replaces this layer's forward with its {FUNCTION} (its own target)"
+        )
+    prefix = family.prefix
+    layer = syntax.find_function(syntax.find_class(tree, f"{prefix}GatedDeltaNet"), "forward")
+    decoder = syntax.find_function(syntax.find_class(tree, f"{prefix}DecoderLayer"), "forward")
+    if layer is None or decoder is None:
+        return unrecognized(f"no {prefix}GatedDeltaNet.forward or {prefix}DecoderLayer.forward")
+    keywords = _linear_attn_keywords(decoder)
+    if (
+        syntax.parameters(layer)[:3] != ["self", "hidden_states", "cache_params"]
+        or "position_ids" not in syntax.parameters(decoder)
+        or keywords is None
+        or "hidden_states" not in keywords
+        or keywords & {"cu_seqlens", "cu_seq_lens_q", "seq_idx"}
+    ):
+        return unrecognized(
+            f"{prefix}DecoderLayer does not call self.linear_attn(hidden_states=...) without boundaries as "
+            "transformers 5.2 to 5.10 do"
+        )
+    return NO_BOUNDARIES.decision(
+        "packed samples kept apart by the plugin: verl 0.8 passes this layer no boundaries, so its convolution and "
+        "recurrence run across packed samples (FLA or not), and under Ulysses each rank's starts from zero"
+    )
+
+
+def _apply_verl(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement import packed_forward
+
+    originals.wrap(module, FUNCTION, packed_forward)
+
+
+def _transformers_target(family: Family) -> Target:
+    prefix = family.prefix
+
+    def apply(imported: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement import (
+            boundary_decoder_forward,
+            packed_forward,
+        )
+
+        originals.wrap(getattr(imported, f"{prefix}GatedDeltaNet"), "forward", packed_forward)
+        originals.wrap(getattr(imported, f"{prefix}DecoderLayer"), "forward", boundary_decoder_forward)
+
+    return Target(
+        module=family.modeling,
+        decide=lambda tree: decide_transformers(tree, family),
+        apply=apply,
+        absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
+        reads=(QWEN3_5.verl_forward, MONKEY_PATCH),
+        shapes=(
+            absent_family(family),
+            *(s.narrowed(transformers=">=5.2") for s in (NO_VERL_QWEN3_5, NO_BOUNDARIES, REPLACES_LAYER_FORWARD)),
+        ),
+    )
+
+
+PATCH = Patch(
+    name="qwen3_5_packed_delta_net",
+    title="packed Qwen3.5 samples kept apart in the gated delta-net layers, Ulysses SP without FLA",
+    group=MODEL,
+    targets=(
+        Target(
+            module=QWEN3_5.verl_forward,
+            decide=decide_verl,
+            apply=_apply_verl,
+            absent=not_used_when_absent(NO_VERL_QWEN3_5, QWEN3_5.missing("verl")),
+            shapes=(
+                NO_VERL_QWEN3_5,
+                NO_DELTA_NET_FORWARD,
+                PER_SAMPLE_LOOP,
+                FALLBACK_IGNORES_BOUNDARIES,
+                FLA_KEEPS_SAMPLES_APART,
+            ),
+            reads=(MONKEY_PATCH, QWEN3_5.modeling),
+        ),
+        *(_transformers_target(family) for family in FAMILIES),
+    ),
+    why=(
+        "Three of every four Qwen3.5 decoder layers are gated delta-net layers, whose recurrent state and causal "
+        "convolution must restart at each of verl's packed samples. They do not with transformers >= 5.9's torch "
+        "fallback on verl 0.9 (no FLA: always on Ascend), nor anywhere on verl 0.8, and Ulysses SP without FLA is "
+        "wrong (0.8, and 0.9 on >= 5.9) or refused (0.9 on <= 5.8): log-probs are silently wrong."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement.packed_forward wraps the layer forward (verl "
+        "0.9's, or transformers' with boundary_decoder_forward reading them from the packed position ids on verl 0.8): "
+        "packed rows run delta_net_varlen's chunked rule and convolution, every sample from a zero state, in one pass "
+        "over all samples' chunks; under Ulysses one all-to-all to head shards and one back. Cached generation, "
+        "unpacked batches and verl 0.9's FLA path are passed through."
+    ),
+    upstream=("verl#6660", "verl#5762", "verl#6486"),
+    remove_when="verl hands the boundaries to every delta rule that honours them and runs Ulysses without FLA, in the "
+    "oldest verl you run with Qwen3.5.",
+)

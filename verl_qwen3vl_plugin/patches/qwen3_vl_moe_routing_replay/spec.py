@@ -1,0 +1,408 @@
+"""Patch ``qwen3_vl_moe_routing_replay``: verl's FSDP path honours ``router_replay.mode`` (R2, R3) for Qwen3-VL-MoE
+and Qwen3.5-MoE, so training routes each token to the experts the rollout (R3) or the old-log-prob pass (R2) chose.
+
+Off by default: every wrapper calls upstream's code unchanged unless the actor's (or engine's) own
+``router_replay.mode`` is R2 or R3, and the routers call upstream's forward unless a micro-batch's routes cover them.
+
+Targets, each judged by its shape alone (the probes' whole knowledge):
+- routers, transformers' ``modeling_qwen3_vl_moe``:
+  - ``Qwen3VLMoeTextSparseMoeBlock.forward`` (4.57): ``(self, hidden_states)`` routes itself (``self.gate``,
+    softmax, ``topk``) and calls ``self.experts`` with the hidden states, the routing weights and the indices, and
+    returns a pair. Not used (5.x): it calls ``self.gate`` for its routes, and the module defines the top-k router;
+  - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
+    ``topk``, returns three values: the logits first (5.8 and later), or the probabilities where the softmax is
+    assigned to ``router_logits`` (5.3), which replay returns alike. Not used where the class is absent and the
+    sparse block routes (4.57);
+- router, transformers' ``modeling_qwen3_5_moe`` (>= 5.2): ``Qwen3_5MoeTopKRouter.forward``, the same shape; not used
+  where transformers has no Qwen3.5-MoE;
+- router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
+  the experts' output alone returned, its routing and experts one of ``npu_qwen3_vl_moe_routing``'s known shapes
+  (0.7.0's experts read top-k weights in training: replay hands them those); not used where verl has no
+  ``npu_patch``;
+- verl 0.7's legacy actor, ``dp_actor``: ``DataParallelPPOActor`` with ``_forward_micro_batch(self, micro_batch,
+  ...)`` that unpads with ``unpad_input``, pads with ``ulysses_pad`` and gathers with ``gather_outputs_and_unpad``
+  and ``pad_input``; ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` that ``select``
+  their keys; nothing in the class about ``routed_experts`` or ``router_replay``. Not used (verl >= 0.8): no module;
+- its worker, ``fsdp_workers:ActorRolloutRefWorker.compute_log_prob(self, data)``: calls
+  ``self.actor.compute_log_prob`` and builds its output with ``DataProto.from_dict``, no ``routed_experts``. Not
+  used (verl >= 0.8): no module;
+- verl's FSDP engine, ``transformer_impl``: ``FSDPEngine.forward_backward_batch(self, data, loss_function,
+  forward_only)``, ``FSDPEngineWithLMHead.prepare_model_inputs(self, micro_batch)`` that sets
+  ``output_args["pad_size"]`` after ``ulysses_pad``, and ``prepare_model_outputs(self, output, output_args,
+  micro_batch, ...)``; neither class reads ``router_replay`` (verl 0.7.0 to 0.9.1).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import environment, originals, syntax
+from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
+from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as npu_routing
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import (
+    ENGINE_SWITCH,
+    LEGACY_SWITCH,
+    ROLLOUT_SETTING,
+)
+from verl_qwen3vl_plugin.registry import (
+    MODEL,
+    Decision,
+    Patch,
+    Shape,
+    Target,
+    Verdict,
+    not_used_when_absent,
+    unrecognized,
+)
+from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NPU_PATCH
+from verl_qwen3vl_plugin.vision_towers import absent_family
+
+BLOCK, ROUTER = f"{QWEN3_VL_MOE.prefix}TextSparseMoeBlock", f"{QWEN3_VL_MOE.prefix}TextTopKRouter"
+# Qwen3.5-MoE (transformers >= 5.2): every decoder layer, gated delta-net or full attention, has a sparse block whose
+# top-k router has Qwen3-VL-MoE's transformers 5 shape.
+QWEN3_5_ROUTER = f"{QWEN3_5_MOE.prefix}TopKRouter"
+NPU_BLOCK = f"NPU{BLOCK}"
+ACTOR, WORKER = "DataParallelPPOActor", "ActorRolloutRefWorker"
+ENGINE_CLASS, ENGINE_LM_CLASS = "FSDPEngine", "FSDPEngineWithLMHead"
+UPSTREAM_REPLAY = ("routed_experts", "router_replay")
+ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
+# The top-k routers' known shapes: transformers 5.3 returns the softmax first, 5.8 and later the logits.
+RETURNS_PROBABILITIES = Shape(id="tf5.3-router-returns-probabilities", verdict=Verdict.APPLY, transformers=">=5,<5.8")
+RETURNS_LOGITS = Shape(id="tf5.8-router-returns-logits", verdict=Verdict.APPLY, transformers=">=5.8")
+# verl's NPU block, by the routing it has (the routing patch's probe reads it): replay's experts take its weights in
+# the form that routing reads, dense or top-k (verl 0.7.0's training path).
+NPU_BLOCK_ROUTES = {
+    npu_routing.EVAL_ONLY_SCATTER.id: Shape(
+        id="npu-block-routes-itself/verl0.7.1-eval-only-scatter", verdict=Verdict.APPLY, verl="==0.7.1"
+    ),
+    npu_routing.TOP_K_EXPERTS.id: Shape(
+        id="npu-block-routes-itself/verl0.7.0-top-k-experts", verdict=Verdict.APPLY, verl="==0.7.0"
+    ),
+    npu_routing.ALWAYS_SCATTERS.id: Shape(
+        id="npu-block-routes-itself/verl0.8-scatters", verdict=Verdict.APPLY, verl=">=0.8"
+    ),
+}
+
+
+BLOCK_ROUTES = Shape(id="tf4.57-block-routes", verdict=Verdict.APPLY, transformers="<5")
+BLOCK_TAKES_ROUTER_ROUTES = Shape(id="tf5-block-takes-router-routes", verdict=Verdict.NOT_USED, transformers=">=5")
+NO_TOP_K_ROUTER = Shape(id="tf4.57-no-top-k-router", verdict=Verdict.NOT_USED, transformers="<5")
+ACTOR_WITHOUT_REPLAY = Shape(id="verl0.7-actor-without-replay", verdict=Verdict.APPLY, verl="<0.8")
+WORKER_LOG_PROBS_ONLY = Shape(id="verl0.7-worker-log-probs-only", verdict=Verdict.APPLY, verl="<0.8")
+ENGINE_WITHOUT_REPLAY = Shape(id="fsdp-engine-without-replay", verdict=Verdict.APPLY)
+NO_LEGACY_ACTOR = Shape(id="verl0.8-no-legacy-actor", verdict=Verdict.NOT_USED, verl=">=0.8")
+
+
+def _forward(tree: ast.Module | None, cls_name: str) -> ast.FunctionDef | None:
+    return syntax.find_function(syntax.find_class(tree, cls_name), "forward")
+
+
+def _returns(func: ast.FunctionDef) -> list[int]:
+    """How many values each ``return`` gives (1 for anything but a tuple display)."""
+    return [
+        len(n.value.elts) if isinstance(n.value, ast.Tuple) else 1
+        for n in ast.walk(func)
+        if isinstance(n, ast.Return) and n.value is not None
+    ]
+
+
+def _experts_call(func: ast.FunctionDef) -> bool:
+    return any(len(c.args) == 3 and ast.unparse(c.func) == "self.experts" for c in syntax.call_nodes(func, "experts"))
+
+
+def _routes_itself(forward: ast.FunctionDef | None, returns: int) -> bool:
+    """4.57's sparse block shape, and verl's Ascend copy of it."""
+    return (
+        forward is not None
+        and syntax.parameters(forward) == ["self", "hidden_states"]
+        and syntax.calls_self(forward, "gate")
+        and syntax.calls(forward, "softmax")
+        and syntax.calls(forward, "topk")
+        and _experts_call(forward)
+        and set(_returns(forward)) == {returns}
+    )
+
+
+def decide_sparse_block(tree: ast.Module) -> Decision:
+    forward = _forward(tree, BLOCK)
+    if _routes_itself(forward, 2):
+        return BLOCK_ROUTES.decision(f"{BLOCK} routes its tokens itself (transformers 4.57)")
+    if (
+        forward is not None
+        and syntax.calls_self(forward, "gate")
+        and not syntax.calls(forward, "topk")
+        and syntax.find_class(tree, ROUTER) is not None
+    ):
+        return BLOCK_TAKES_ROUTER_ROUTES.decision(f"{BLOCK} takes its routes from {ROUTER} (transformers 5)")
+    return unrecognized(f"{BLOCK}.forward routes in an unknown way")
+
+
+def returns_probabilities(forward: ast.FunctionDef) -> bool:
+    """Older transformers 5 releases (5.3 here) overwrite ``router_logits`` with the softmax and return that, with
+    the top-k weights in fp32; newer ones return the logits, the weights cast to their dtype. Replay follows each."""
+    return any(
+        isinstance(n, ast.Assign)
+        and [ast.unparse(t) for t in n.targets] == ["router_logits"]
+        and isinstance(n.value, ast.Call)
+        and syntax.calls(n.value, "softmax")
+        for n in ast.walk(forward)
+    )
+
+
+def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
+    forward = _forward(tree, router)
+    if forward is None:
+        return unrecognized(f"no {router}.forward")
+    known = (
+        syntax.parameters(forward) == ["self", "hidden_states"]
+        and any("self.weight" in ast.unparse(c) for c in syntax.call_nodes(forward, "linear"))
+        and syntax.calls(forward, "softmax")
+        and syntax.calls(forward, "topk")
+        and set(_returns(forward)) == {3}
+    )
+    if not known:
+        return unrecognized(f"{router}.forward routes in an unknown way")
+    if returns_probabilities(forward):
+        return RETURNS_PROBABILITIES.decision(f"{router} returns (probabilities, top-k weights, top-k ids)")
+    return RETURNS_LOGITS.decision(f"{router} returns (logits, top-k weights, top-k ids)")
+
+
+def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
+    """transformers 4.57 has no top-k router: its sparse block routes, and the sparse block target acts there."""
+    if syntax.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
+        return NO_TOP_K_ROUTER.decision(f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
+    return decide_top_k_router(tree, ROUTER)
+
+
+def decide_npu_block(tree: ast.Module) -> Decision:
+    """verl's block routes itself, and its routing and experts are one of the known releases' (the routing patch's
+    probe): replay hands its experts the weights in the form they read, dense or top-k (0.7.0's training path)."""
+    known = npu_routing.decide(tree)
+    if known.verdict is Verdict.UNRECOGNIZED:
+        return known
+    if not _routes_itself(_forward(tree, NPU_BLOCK), 1):
+        return unrecognized(f"{NPU_BLOCK}.forward routes in an unknown way")
+    return NPU_BLOCK_ROUTES[known.shape].decision(f"{NPU_BLOCK} routes its tokens itself ({known.reason})")
+
+
+def _no_upstream_replay(*classes: ast.ClassDef) -> bool:
+    return not any(syntax.mentions(c, text) for c in classes for text in UPSTREAM_REPLAY)
+
+
+def _selects(func: ast.FunctionDef | None) -> bool:
+    return func is not None and syntax.parameters(func)[:2] == ["self", "data"] and syntax.calls(func, "select")
+
+
+def decide_actor(tree: ast.Module) -> Decision:
+    cls = syntax.find_class(tree, ACTOR)
+    step = syntax.find_function(cls, "_forward_micro_batch")
+    if step is None or syntax.parameters(step)[:2] != ["self", "micro_batch"]:
+        return unrecognized(f"no {ACTOR}._forward_micro_batch(self, micro_batch, ...)")
+    if not all(syntax.calls(step, name) for name in ACTOR_LAYOUT):
+        return unrecognized(f"{ACTOR}._forward_micro_batch lays out its tokens in an unknown way")
+    if not (
+        _selects(syntax.find_function(cls, "compute_log_prob")) and _selects(syntax.find_function(cls, "update_policy"))
+    ):
+        return unrecognized(f"{ACTOR}.compute_log_prob / update_policy do not select their keys")
+    if not _no_upstream_replay(cls):
+        return unrecognized(f"{ACTOR} handles routing replay itself: review the plugin's")
+    return ACTOR_WITHOUT_REPLAY.decision(f"{ACTOR} drops routed_experts and never reads router_replay")
+
+
+def decide_worker(tree: ast.Module) -> Decision:
+    cls = syntax.find_class(tree, WORKER)
+    method = syntax.find_function(cls, "compute_log_prob")
+    if method is None or syntax.parameters(method) != ["self", "data"]:
+        return unrecognized(f"no {WORKER}.compute_log_prob(self, data)")
+    builds = any(
+        ast.unparse(c.func) == "self.actor.compute_log_prob" for c in syntax.call_nodes(method, "compute_log_prob")
+    )
+    if not (builds and syntax.calls(method, "from_dict")) or not _no_upstream_replay(method):
+        return unrecognized(f"{WORKER}.compute_log_prob builds its output in an unknown way")
+    return WORKER_LOG_PROBS_ONLY.decision(f"{WORKER}.compute_log_prob returns log-probs only")
+
+
+def _sets_pad_size(func: ast.FunctionDef) -> bool:
+    return any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Subscript) and syntax.has_string(t.slice, "pad_size") for t in n.targets)
+        for n in ast.walk(func)
+    )
+
+
+def decide_engine(tree: ast.Module | None) -> Decision:
+    base, lm = syntax.find_class(tree, ENGINE_CLASS), syntax.find_class(tree, ENGINE_LM_CLASS)
+    batch = syntax.find_function(base, "forward_backward_batch")
+    inputs = syntax.find_function(lm, "prepare_model_inputs")
+    outputs = syntax.find_function(lm, "prepare_model_outputs")
+    if batch is None or syntax.parameters(batch) != ["self", "data", "loss_function", "forward_only"]:
+        return unrecognized(f"no {ENGINE_CLASS}.forward_backward_batch(self, data, loss_function, forward_only)")
+    if (
+        inputs is None
+        or syntax.parameters(inputs) != ["self", "micro_batch"]
+        or not (syntax.calls(inputs, "ulysses_pad") and _sets_pad_size(inputs))
+    ):
+        return unrecognized(f"{ENGINE_LM_CLASS}.prepare_model_inputs pads its tokens in an unknown way")
+    if outputs is None or syntax.parameters(outputs)[:4] != ["self", "output", "output_args", "micro_batch"]:
+        return unrecognized(f"no {ENGINE_LM_CLASS}.prepare_model_outputs(self, output, output_args, micro_batch, ...)")
+    if not _no_upstream_replay(base, lm):
+        return unrecognized("verl's FSDP engine reads router_replay itself: review the plugin's")
+    return ENGINE_WITHOUT_REPLAY.decision(
+        "verl's FSDP engine never reads router_replay (verl reads it for Megatron and VeOmni)"
+    )
+
+
+def availability(verdicts: dict[str, str]) -> str:
+    """Whether routing replay can run on this stack (``verdicts``: target label -> verdict value), how to turn it
+    on, or why it cannot: the doctor's line."""
+    applies = {label for label, verdict in verdicts.items() if verdict == Verdict.APPLY.value}
+
+    def labels(*modules: str) -> set[str]:
+        return {t.label for t in PATCH.targets if t.module in modules}
+
+    if set(verdicts.values()) == {Verdict.DISABLED.value}:
+        return "not available: the patch is disabled (VERL_QWEN3VL_PLUGIN_DISABLE)"
+    if not applies & labels(QWEN3_VL_MOE.modeling, QWEN3_5_MOE.modeling, NPU_PATCH):
+        return "not available: no Qwen3-VL-MoE or Qwen3.5-MoE router the plugin recognises on this stack"
+    paths = []
+    if labels(DP_ACTOR, FSDP_WORKERS) <= applies:
+        paths.append(f"verl's legacy FSDP actor: {LEGACY_SWITCH}=R3 (or R2)")
+    if labels(FSDP_ENGINE) <= applies:
+        paths.append(f"verl's FSDP engine: {ENGINE_SWITCH}=R3 (or R2)")
+    if not paths:
+        return "not available: neither verl's legacy FSDP actor nor its FSDP engine is recognised on this stack"
+    return (
+        "available (off by default); turn on with "
+        + "; or, on ".join(paths)
+        + f"; R3 also needs {ROLLOUT_SETTING} (vLLM >= 0.22 on verl 0.9.1)"
+    )
+
+
+def _apply_sparse_block(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import routers
+
+    routers.patch_sparse_block(module)
+
+
+def _apply_router(cls_name: str) -> Callable[[ModuleType, Decision], None]:
+    def apply(module: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import routers
+
+        routers.patch_top_k_router(getattr(module, cls_name), decision.shape == RETURNS_PROBABILITIES.id)
+
+    return apply
+
+
+def _apply_npu(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import routers
+
+    top_k = NPU_BLOCK_ROUTES[npu_routing.TOP_K_EXPERTS.id]
+    routers.patch_npu_block(module, top_k_in_training=decision.shape == top_k.id)
+
+
+def _apply_actor(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import dp_actor
+
+    cls = getattr(module, ACTOR)
+    for method in ("_forward_micro_batch", "compute_log_prob", "update_policy"):
+        originals.wrap(cls, method, getattr(dp_actor, method.lstrip("_")))
+
+
+def _apply_worker(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import dp_actor
+
+    originals.wrap(getattr(module, WORKER), "compute_log_prob", dp_actor.worker_compute_log_prob)
+
+
+def _apply_engine(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import engine
+
+    originals.wrap(getattr(module, ENGINE_CLASS), "forward_backward_batch", engine.forward_backward_batch)
+    for method in ("prepare_model_inputs", "prepare_model_outputs"):
+        originals.wrap(getattr(module, ENGINE_LM_CLASS), method, getattr(engine, method))
+
+
+def legacy_gone() -> Decision:
+    """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
+    engine = decide_engine(environment.tree(FSDP_ENGINE))
+    if engine.verdict is not Verdict.APPLY:
+        return unrecognized(f"no legacy FSDP actor, and {engine.reason}")
+    return NO_LEGACY_ACTOR.decision("no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts")
+
+
+PATCH = Patch(
+    name="qwen3_vl_moe_routing_replay",
+    title="routing replay (R2 / R3) for Qwen3-VL-MoE and Qwen3.5-MoE on verl's FSDP path",
+    group=MODEL,
+    targets=(
+        Target(
+            module=QWEN3_VL_MOE.modeling,
+            decide=decide_sparse_block,
+            apply=_apply_sparse_block,
+            name=f"{BLOCK}.forward",
+            shapes=(BLOCK_ROUTES, BLOCK_TAKES_ROUTER_ROUTES),
+        ),
+        Target(
+            module=QWEN3_VL_MOE.modeling,
+            decide=decide_qwen3_vl_router,
+            apply=_apply_router(ROUTER),
+            name=f"{ROUTER}.forward",
+            shapes=(NO_TOP_K_ROUTER, RETURNS_PROBABILITIES, RETURNS_LOGITS),
+        ),
+        Target(
+            module=QWEN3_5_MOE.modeling,
+            decide=lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
+            apply=_apply_router(QWEN3_5_ROUTER),
+            absent=not_used_when_absent(absent_family(QWEN3_5_MOE), QWEN3_5_MOE.missing("transformers")),
+            name=f"{QWEN3_5_ROUTER}.forward",
+            shapes=(
+                absent_family(QWEN3_5_MOE),
+                *(s.narrowed(transformers=">=5.2") for s in (RETURNS_PROBABILITIES, RETURNS_LOGITS)),
+            ),
+        ),
+        Target(
+            module=NPU_PATCH,
+            decide=decide_npu_block,
+            apply=_apply_npu,
+            name=f"{NPU_BLOCK}.forward",
+            shapes=tuple(NPU_BLOCK_ROUTES.values()),
+        ),
+        Target(
+            module=DP_ACTOR,
+            decide=decide_actor,
+            apply=_apply_actor,
+            absent=legacy_gone,
+            reads=(FSDP_ENGINE,),
+            shapes=(ACTOR_WITHOUT_REPLAY, NO_LEGACY_ACTOR),
+        ),
+        Target(
+            module=FSDP_WORKERS,
+            decide=decide_worker,
+            apply=_apply_worker,
+            absent=legacy_gone,
+            name=f"{WORKER}.compute_log_prob",
+            reads=(FSDP_ENGINE,),
+            shapes=(WORKER_LOG_PROBS_ONLY, NO_LEGACY_ACTOR),
+        ),
+        Target(module=FSDP_ENGINE, decide=decide_engine, apply=_apply_engine, shapes=(ENGINE_WITHOUT_REPLAY,)),
+    ),
+    why=(
+        "MoE RL trains on routes the rollout never took: about 10% of Qwen3-30B-A3B's router decisions differ "
+        "between the rollout engine and the trainer (94% of tokens differ in at least one layer), and the extreme "
+        "probability ratios collapse training (arXiv 2510.11370). verl replays the rollout's routes (R3) or the "
+        "old-log-prob pass's (R2) only on Megatron and VeOmni: on FSDP router_replay.mode is ignored, and VeOmni's "
+        "replay does not cover qwen3_vl_moe."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay: the Qwen3-VL-MoE and Qwen3.5-MoE routers take their "
+        "top-k ids from the micro-batch's record (probabilities gathered at them and renormalised, so the gate keeps "
+        "its gradient; MoE layer i reads slot i, also in checkpoint recompute); verl's actor (0.7) and FSDP engine (>= "
+        "0.8) lay the record out as they lay out the tokens (remove-padding, Ulysses, dynamic batches), and R2 returns "
+        "the recorded routes as routed_experts."
+    ),
+    upstream=("verl#5392", "verl#2996", "verl#4443"),
+    remove_when="verl's FSDP engine honours `router_replay.mode` for `qwen3_vl_moe` and `qwen3_5_moe` (verl#4443 or a "
+    "successor) in the oldest verl you run, and verl 0.7 is not among them.",
+)

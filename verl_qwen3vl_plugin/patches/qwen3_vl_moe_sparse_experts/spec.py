@@ -1,0 +1,124 @@
+"""Patch ``qwen3_vl_moe_sparse_experts``: one sparse, grouped ``Qwen3VLMoeTextExperts.forward`` for training and eval
+(transformers 4.57.x).
+
+Target: transformers' Qwen3-VL-MoE modeling module. Known shapes (the probe's whole knowledge):
+- affected, transformers 4.57: ``forward(self, hidden_states, routing_weights, router_indices)`` with a dense eval
+  branch (``hidden_states.repeat(...)`` and ``torch.bmm`` over all experts) and a Python loop over experts;
+- fixed upstream, transformers 5: the class is decorated ``@use_experts_implementation`` (bare, as imported from
+  ``integrations``), and its own ``forward``, the eager path, computes no dense product over all experts (no
+  ``repeat``, ``bmm``, ``matmul`` or ``einsum``, no ``linear`` or ``@`` on a whole packed parameter).
+
+``apply`` also needs transformers 4.57's packing, ``gate_up_proj`` built as ``(num_experts, hidden_size,
+2 * expert_dim)``: the replacement multiplies with that layout.
+
+Where verl's Ascend ``npu_patch`` replaces the whole sparse MoE block (verl 0.7.0 to 0.9.1), the patched experts never
+run: the patch is applied but dormant there.
+"""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+from verl_qwen3vl_plugin import environment, originals, syntax
+from verl_qwen3vl_plugin.families import QWEN3_VL_MOE
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
+from verl_qwen3vl_plugin.upstream import NPU_PATCH
+
+EXPERTS = "Qwen3VLMoeTextExperts"
+SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
+
+
+DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
+# transformers 4.57's packing, which the replacement multiplies with: (E, H, 2I).
+LAYOUT = ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]
+
+
+EXPERTS_IMPLEMENTATION = Shape(id="tf5-experts-implementation", verdict=Verdict.FIXED_UPSTREAM, transformers=">=5")
+DENSE_EVAL = Shape(id="dense-eval", verdict=Verdict.APPLY, transformers="<5")
+
+
+def _dense_products(forward: ast.FunctionDef) -> list[str]:
+    """The ops in ``forward`` that compute over every expert at once: a dense op, or ``linear`` / ``@`` on a whole
+    packed parameter (transformers 5's eager loop indexes one expert's slice: ``self.gate_up_proj[expert_idx]``)."""
+    found = [op for op in DENSE_OPS if syntax.calls(forward, op)]
+    whole = ("self.gate_up_proj", "self.down_proj")
+    for n in ast.walk(forward):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) and ast.unparse(n.right) in whole:
+            found.append("@")
+        elif isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == "linear" and len(n.args) > 1:
+            found += ["linear"] * (ast.unparse(n.args[1]) in whole)
+    return found
+
+
+def _imports_decorator(tree: ast.Module) -> bool:
+    """``use_experts_implementation`` imported from transformers' ``integrations`` (relative import)."""
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.level > 0
+        and (n.module or "").split(".")[0] == "integrations"
+        and any(a.name == "use_experts_implementation" and a.asname is None for a in n.names)
+        for n in tree.body
+    )
+
+
+BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
+
+
+def decide(tree: ast.Module) -> Decision:
+    cls = syntax.find_class(tree, EXPERTS)
+    forward = syntax.find_function(cls, "forward")
+    if cls is None or forward is None:
+        return unrecognized(f"no {EXPERTS}.forward in this transformers")
+    dense = _dense_products(forward)
+    decorators = [ast.unparse(d) for d in cls.decorator_list]
+    if decorators == ["use_experts_implementation"] and _imports_decorator(tree):
+        if dense:
+            return unrecognized(f"{EXPERTS} dispatches on experts_implementation, but calls {dense}")
+        return EXPERTS_IMPLEMENTATION.decision(
+            f"{EXPERTS} dispatches on experts_implementation, sparse in every mode (transformers 5)"
+        )
+    init = syntax.find_function(cls, "__init__")
+    layout = syntax.empty_shape(init, "gate_up_proj") if init is not None else None
+    if layout != LAYOUT:
+        return unrecognized(f"{EXPERTS}.gate_up_proj is built as {layout}, not (E, H, 2I)")
+    if not decorators and syntax.parameters(forward) == SIGNATURE and {"repeat", "bmm"} <= set(dense):
+        return DENSE_EVAL.decision(f"{EXPERTS}.forward runs every expert on every token in eval, loops in training")
+    return unrecognized(f"{EXPERTS}.forward matches neither transformers 4.57's nor 5's")
+
+
+def replaced_on_npu(devices: dict[str, bool]) -> str | None:
+    """On Ascend, verl's npu_patch sets its own block in place of transformers' (and, with it, these experts)."""
+    npu_patch = environment.tree(NPU_PATCH) if devices.get("npu") else None
+    if npu_patch is not None and syntax.assigns_attribute(npu_patch, BLOCK):
+        return f"verl's npu_patch replaces {BLOCK}, and with it these experts, on this NPU machine"
+    return None
+
+
+def _apply(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement import sparse_experts_forward
+
+    originals.replace(getattr(module, EXPERTS), "forward", sparse_experts_forward)
+
+
+PATCH = Patch(
+    name="qwen3_vl_moe_sparse_experts",
+    title="grouped Qwen3-VL-MoE experts in training and eval (transformers 4.57.x)",
+    group=MODEL,
+    targets=(
+        Target(module=QWEN3_VL_MOE.modeling, decide=decide, apply=_apply, shapes=(DENSE_EVAL, EXPERTS_IMPLEMENTATION)),
+    ),
+    why=(
+        "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "
+        "computes old and reference log-probs (E / top_k = 16x the expert FLOPs for Qwen3-VL-30B-A3B), and loop "
+        "over experts in Python in training; the two modes also give different log-probs for the same input."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement.sparse_experts_forward"
+        " replaces the experts' forward: "
+        "pairs sorted by expert, one grouped GEMM per projection, the same kernels and bits in training and eval."
+    ),
+    upstream=("transformers#42697",),
+    remove_when="transformers >= 5 (sparse experts_implementation) is the oldest transformers Qwen3-VL-MoE runs on.",
+    dormant=replaced_on_npu,
+)

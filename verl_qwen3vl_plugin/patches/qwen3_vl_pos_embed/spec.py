@@ -1,0 +1,147 @@
+"""Patch ``qwen3_vl_pos_embed``: the plugin's ``fast_pos_embed_interpolate`` on the vision towers of Qwen3-VL,
+Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (``Qwen3VLVisionModel``, ``Qwen3VLMoeVisionModel``, ``Qwen3_5VisionModel``,
+``Qwen3_5MoeVisionModel``), which share the method and the table.
+
+Targets: transformers' four modeling modules (set the plugin's function on the vision class; the Qwen3.5 ones exist
+from transformers 5.2, so an older one is "not used"), and verl's ``monkey_patch`` module, whose
+``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copies (one per family) while building a model: it is
+wrapped to put the plugin's function back afterwards.
+
+Known shapes (the probes' whole knowledge):
+- affected, transformers 4.57 to 5.8: the vision ``forward`` calls ``self.fast_pos_embed_interpolate``, a method of
+  ``(self, grid_thw)``;
+- not used, transformers >= 5.9: the module imports ``get_vision_bilinear_indices_and_weights`` from
+  ``vision_utils`` and the vision ``forward`` calls it by that name on ``grid_thw`` (the method is no longer called);
+  from 5.16 the helper is ``get_vision_interpolation_indices_and_weights`` (5.18 also drops the method);
+- ``apply_monkey_patch``, any verl: wrapped. verl >= 0.8 sets its own method there, verl 0.7 does not; the wrapper is
+  right either way, so there is no "not used" verdict to reach by not seeing an assignment.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import originals, syntax, vision_towers
+from verl_qwen3vl_plugin.families import Family
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
+
+METHOD = "fast_pos_embed_interpolate"
+METHOD_ON_TABLE_DEVICE = Shape(id="tf4.57-method-on-table-device", verdict=Verdict.APPLY, transformers="<5.9")
+# transformers >= 5.9 computes the interpolation with a pure function of grid_thw, on its device: the helper's name,
+# and the shape of the transformers that calls it.
+FIXED_HELPERS = {
+    "get_vision_bilinear_indices_and_weights": Shape(
+        id="tf5.9-vision-utils-interpolation", verdict=Verdict.NOT_USED, transformers=">=5.9,<5.16"
+    ),
+    "get_vision_interpolation_indices_and_weights": Shape(
+        id="tf5.16-vision-utils-interpolation", verdict=Verdict.NOT_USED, transformers=">=5.16"
+    ),
+}
+SETS_OWN_METHOD = Shape(id="verl0.8-sets-own-method", verdict=Verdict.APPLY, verl=">=0.8")
+SETS_NO_METHOD = Shape(id="verl0.7-sets-no-method", verdict=Verdict.APPLY, verl="<0.8")
+
+
+def _imports_helper(tree: ast.Module, helper: str) -> bool:
+    """``from ...vision_utils import <helper>``, at the top of the module."""
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "vision_utils"
+        and n.level > 0
+        and any(a.name == helper and a.asname is None for a in n.names)
+        for n in tree.body
+    )
+
+
+def _calls_helper_on_grid(forward: ast.FunctionDef, helper: str) -> bool:
+    """``<helper>(grid_thw, ...)``, by its bare name."""
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == helper
+        and n.args
+        and ast.unparse(n.args[0]) == "grid_thw"
+        for n in ast.walk(forward)
+    )
+
+
+def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+    cls_name = family.vision_class
+    cls = syntax.find_class(tree, cls_name)
+    forward, method = syntax.find_function(cls, "forward"), syntax.find_function(cls, METHOD)
+    if forward is None:
+        return unrecognized(f"no {cls_name}.forward in this transformers")
+    if syntax.calls_self(forward, METHOD):
+        if method is None or syntax.parameters(method) != ["self", "grid_thw"]:
+            return unrecognized(f"{cls_name}.forward calls {METHOD}, but not one of (self, grid_thw)")
+        return METHOD_ON_TABLE_DEVICE.decision(f"{cls_name}.forward calls {METHOD}, which builds on pos_embed's device")
+    for helper, shape in FIXED_HELPERS.items():
+        if _imports_helper(tree, helper) and _calls_helper_on_grid(forward, helper):
+            return shape.decision(f"{cls_name}.forward calls vision_utils.{helper} on grid_thw")
+    return unrecognized(f"{cls_name}.forward calls neither {METHOD} nor a vision_utils interpolation helper as known")
+
+
+def decide_monkey_patch(tree: ast.Module) -> Decision:
+    """Wrapping is right on any ``apply_monkey_patch``: the wrapper passes every argument through and, after it
+    returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
+    func = syntax.find_function(tree, "apply_monkey_patch")
+    if func is None:
+        return unrecognized("verl's monkey_patch has no apply_monkey_patch")
+    if syntax.assigns_attribute(func, METHOD):
+        return SETS_OWN_METHOD.decision(f"apply_monkey_patch sets verl's {METHOD}: the plugin's is put back")
+    return SETS_NO_METHOD.decision(f"apply_monkey_patch sets no {METHOD} as verl 0.8 does: wrapped all the same")
+
+
+def _apply_to_vision_class(cls: type) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
+
+    originals.replace(cls, METHOD, fast_pos_embed_interpolate)
+
+
+def _putting_ours_back(apply_monkey_patch: Callable) -> Callable:
+    @functools.wraps(apply_monkey_patch)
+    def wrapper(*args, **kwargs):
+        result = apply_monkey_patch(*args, **kwargs)
+        for cls in originals.replaced(METHOD):  # only the classes the plugin patched: a skipped one stays so
+            _apply_to_vision_class(cls)
+        return result
+
+    return wrapper
+
+
+def _wrap_apply_monkey_patch(module: ModuleType, decision: Decision) -> None:
+    originals.wrap(module, "apply_monkey_patch", _putting_ours_back)
+
+
+PATCH = Patch(
+    name="qwen3_vl_pos_embed",
+    title="device-safe, vectorized `fast_pos_embed_interpolate`",
+    group=MODEL,
+    targets=(
+        *vision_towers.vision_targets(
+            decide_vision_class, _apply_to_vision_class, (METHOD_ON_TABLE_DEVICE, *FIXED_HELPERS.values())
+        ),
+        Target(
+            module=MONKEY_PATCH,
+            decide=decide_monkey_patch,
+            apply=_wrap_apply_monkey_patch,
+            shapes=(SETS_OWN_METHOD, SETS_NO_METHOD),
+        ),
+    ),
+    why=(
+        "transformers 4.57.x to 5.8.x build the interpolation's index and weight tensors on the position table's "
+        "device, the CPU under FSDP2 CPU offload: the vision forward fails with a device mismatch. Everywhere, it "
+        "loops over images in Python with a host sync per patch list."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement.fast_pos_embed_interpolate"
+        " replaces the method on the four "
+        "vision classes: "
+        "computed on grid_thw's device, vectorized, one host sync per call, bit-identical output."
+    ),
+    upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
+    remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL and Qwen3.5 with.",
+)

@@ -1,0 +1,105 @@
+"""Patch ``qwen3_vl_vision_dp``: the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE vision towers split their
+images over verl's Ulysses group instead of every rank running all of them.
+
+Targets: transformers' four modeling modules (wrap the vision class's ``forward``; Qwen3.5's exist from
+transformers 5.2). Each decision reads two sources, since the patch is only right where both hold:
+- the vision ``forward(self, hidden_states, grid_thw, **kwargs)`` returns the merged embeddings, with Qwen3-VL's
+  deepstack features as a 2-tuple (transformers 4.57) or ``BaseModelOutputWithDeepstackFeatures`` (5.x), or, for
+  Qwen3.5 (no deepstack), as ``BaseModelOutputWithPooling``;
+- verl's ``apply_monkey_patch`` slices that family's inputs at the language model's entry
+  (``patch_vlm_for_ulysses_input_slicing``: Qwen3-VL in verl 0.7.0 to 0.9.1, Qwen3.5 in 0.8.0 to 0.9.1), so every
+  rank of the group holds every image.
+The wrapper does nothing until verl sets a Ulysses group of more than one rank.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from verl_qwen3vl_plugin import environment, originals, syntax, vision_towers
+from verl_qwen3vl_plugin.families import QWEN3_VL, Family
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Verdict, unrecognized
+from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
+
+SIGNATURE = ["self", "hidden_states", "grid_thw"]
+DEEPSTACK_OUTPUT, POOLING_OUTPUT = "BaseModelOutputWithDeepstackFeatures", "BaseModelOutputWithPooling"
+VERL_SLICER = "patch_vlm_for_ulysses_input_slicing"
+
+
+def _returns_known_output(forward: ast.FunctionDef, family: Family) -> bool:
+    """Qwen3-VL: the (embeddings, deepstack) pair or the deepstack output; Qwen3.5: the pooling output."""
+    deepstack = family.line == QWEN3_VL.line
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Return) and node.value is not None:
+            value = node.value
+            if deepstack and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+                return True
+            if isinstance(value, ast.Call) and syntax.calls(value, DEEPSTACK_OUTPUT if deepstack else POOLING_OUTPUT):
+                return True
+    return False
+
+
+# The premise, verl's side (its own probe: the self-test reads it), and the tower's shape where it holds.
+SLICES_AFTER_TOWER = Shape(id="slices-after-tower", verdict=Verdict.APPLY)
+TOWER_ON_EVERY_RANK = Shape(id="tower-on-every-rank/slices-after-tower", verdict=Verdict.APPLY)
+
+
+def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
+    """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
+    func = syntax.find_function(tree, "apply_monkey_patch") if tree is not None else None
+    if func is None:
+        return unrecognized(f"no apply_monkey_patch in {MONKEY_PATCH}")
+    slices = any(
+        isinstance(node, ast.Call) and syntax.calls(node, VERL_SLICER) and syntax.mentions(node, family.line_prefix)
+        for node in ast.walk(func)
+    )
+    if slices:
+        return SLICES_AFTER_TOWER.decision(f"verl slices {family.line} inputs after the vision tower ({VERL_SLICER})")
+    return unrecognized(f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family.line}")
+
+
+def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+    cls_name = family.vision_class
+    forward = syntax.find_function(syntax.find_class(tree, cls_name), "forward")
+    if forward is None:
+        return unrecognized(f"no {cls_name}.forward in this transformers")
+    if syntax.parameters(forward) != SIGNATURE or forward.args.kwarg is None:
+        return unrecognized(f"{cls_name}.forward is not (self, hidden_states, grid_thw, **kwargs)")
+    if not _returns_known_output(forward, family):
+        known = f"a pair or {DEEPSTACK_OUTPUT}" if family.line == QWEN3_VL.line else POOLING_OUTPUT
+        return unrecognized(f"{cls_name}.forward does not return {known}")
+    verl = decide_verl(environment.tree(MONKEY_PATCH), family)
+    if verl.verdict is not Verdict.APPLY:
+        return verl
+    reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
+    return TOWER_ON_EVERY_RANK.decision(reason)
+
+
+def _apply_to_vision_class(cls: type) -> None:
+    from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import vision_dp_forward
+
+    originals.wrap(cls, "forward", vision_dp_forward)
+
+
+PATCH = Patch(
+    name="qwen3_vl_vision_dp",
+    title="the vision tower split over the Ulysses group",
+    group=MODEL,
+    targets=vision_towers.vision_targets(
+        decide_vision_class, _apply_to_vision_class, (TOWER_ON_EVERY_RANK,), reads=(MONKEY_PATCH,)
+    ),
+    why=(
+        "With Ulysses sequence parallelism verl slices a VLM's sequence only at the language model, after the "
+        "vision tower: every rank of the SP group runs the tower on every image of the micro-batch, forward and "
+        "backward, and holds its activations. At SP 8 that is 8 times the vision work."
+    ),
+    how=(
+        "verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement.vision_dp_forward"
+        " wraps the vision forward: contiguous runs of whole "
+        "images, balanced by patch count, one per rank (a one-token dummy for a rank without one); embeddings (and "
+        "Qwen3-VL's deepstack features) all-gathered back in order; their backward sums over the group."
+    ),
+    upstream=("verl#5230",),
+    remove_when="verl shards the vision tower over the Ulysses group itself (verl#5230 or a successor) in the "
+    "oldest verl you run.",
+)

@@ -1,0 +1,153 @@
+"""Patch ``vision_placeholder_ban``: the rollout never samples ``<|image_pad|>`` / ``<|video_pad|>`` on verl 0.7 /
+0.8, and a sequence holding one fails by name where verl's agent loop first pairs it.
+
+A sampled placeholder kills the next pass that pairs placeholders with vision features: ``get_rope_index`` raises
+``StopIteration`` (an image) or ``TypeError`` (a video) on transformers >= 5, and the trainer's token count raises
+its mismatch ``ValueError`` (verl #5817, #7038). verl 0.9 bans them in its vLLM rollout (``banned_token_ids``).
+
+Targets, each binding its name at call time from its module or class:
+- ``verl.workers.rollout.vllm_rollout.utils``: ``monkey_patch_compute_logits``, which verl's vLLM worker extension
+  runs in vLLM's worker process (``vLLMColocateWorkerExtension.monkey_patch_model``), verl 0.7.1 / 0.8.0;
+- ``verl.workers.rollout.vllm_rollout.vllm_rollout``: ``_monkey_patch_compute_logits``, which verl 0.7.0's rollout
+  worker runs after it loads vLLM's model;
+- ``verl.experimental.agent_loop.agent_loop``: the agent-loop worker's ``_compute_position_ids``, every verl: whatever
+  engine sampled the placeholder, a ValueError names the sample and the fix before transformers' bare exception. The
+  trainer's own pairing names it too (``qwen3_vl_single_vision_call``'s ``_get_input_embeds``).
+
+Known shapes (the probes' whole knowledge):
+- affected, verl 0.7.0 / 0.7.1 / 0.8.0: ``(model, vocab_size)``, assigning ``model.compute_logits``;
+- fixed upstream, verl 0.9.0 / 0.9.1: the function takes ``banned_token_ids``;
+- not used: the module lacks the function and never names ``compute_logits``, and is verl's (0.7.0's utils, with
+  ``get_vllm_max_lora_rank``; 0.7.1's and later vllm_rollout, with ``ServerAdapter``);
+- guard, verl 0.7.0 to 0.9.1: a class whose ``_compute_position_ids(self, input_ids, ...)`` calls the processor's
+  ``get_rope_index``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from types import ModuleType
+
+from verl_qwen3vl_plugin import environment, originals, syntax
+from verl_qwen3vl_plugin.registry import (
+    MODEL,
+    Decision,
+    Patch,
+    Shape,
+    Target,
+    Verdict,
+    unrecognized,
+)
+from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
+
+LOGITS = {VLLM_ROLLOUT_UTILS: "monkey_patch_compute_logits", VLLM_ROLLOUT: "_monkey_patch_compute_logits"}
+# What the module defines where it patches no logits: verl 0.7.0's utils, verl >= 0.7.1's vllm_rollout.
+OTHERWISE = {VLLM_ROLLOUT_UTILS: "get_vllm_max_lora_rank", VLLM_ROLLOUT: "ServerAdapter"}
+POSITIONS = "_compute_position_ids"
+
+
+LOGITS_PATCHED_ELSEWHERE = Shape(id="logits-patched-in-other-module", verdict=Verdict.NOT_USED)
+BANNED_TOKEN_IDS = Shape(id="verl0.9-banned-token-ids", verdict=Verdict.FIXED_UPSTREAM, verl=">=0.9")
+LOGITS_WITHOUT_BAN = Shape(id="verl0.7-logits-without-ban", verdict=Verdict.APPLY)
+AGENT_LOOP_ROPE_INDEX = Shape(id="agent-loop-rope-index", verdict=Verdict.APPLY)
+
+
+def logits_probe(module: str) -> Callable[[ast.Module], Decision]:
+    name = LOGITS[module]
+
+    def decide(tree: ast.Module) -> Decision:
+        func = syntax.find_function(tree, name)
+        if func is None:
+            marker = OTHERWISE[module]
+            known = syntax.find_function(tree, marker) or syntax.find_class(tree, marker)
+            if known is None or syntax.mentions(tree, "compute_logits"):
+                return unrecognized(f"no {name}, and not the module verl 0.7 to 0.9.1 ship")
+            other = VLLM_ROLLOUT_UTILS if module == VLLM_ROLLOUT else VLLM_ROLLOUT
+            return LOGITS_PATCHED_ELSEWHERE.decision(f"no {name} here: this verl patches vLLM's logits in {other}")
+        parameters = syntax.parameters(func)
+        if "banned_token_ids" in parameters:
+            return BANNED_TOKEN_IDS.decision(f"{name} bans the processor's placeholder ids (banned_token_ids)")
+        if parameters == ["model", "vocab_size"] and syntax.assigns_attribute(func, "compute_logits"):
+            return LOGITS_WITHOUT_BAN.decision(f"{name}(model, vocab_size) leaves the vision placeholders sampleable")
+        return unrecognized(f"{name} is neither (model, vocab_size) nor takes banned_token_ids")
+
+    return decide
+
+
+def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
+    for node in tree.body:
+        method = syntax.find_function(node, POSITIONS) if isinstance(node, ast.ClassDef) else None
+        if method is not None and syntax.parameters(method)[:2] == ["self", "input_ids"]:
+            return node if syntax.mentions(method, "get_rope_index") else None
+    return None
+
+
+def decide_positions(tree: ast.Module) -> Decision:
+    owner = _positions_owner(tree)
+    if owner is None:
+        return unrecognized(f"no agent-loop class whose {POSITIONS} calls get_rope_index")
+    return AGENT_LOOP_ROPE_INDEX.decision(
+        f"{owner.name}.{POSITIONS} pairs a sampled placeholder: refused by name first"
+    )
+
+
+# Where each module's shapes are seen: verl 0.7.0 patches the logits in vllm_rollout, 0.7.1 and later in utils.
+LOGITS_SHAPES = {
+    VLLM_ROLLOUT_UTILS: (
+        LOGITS_PATCHED_ELSEWHERE.narrowed(verl="==0.7.0"),
+        LOGITS_WITHOUT_BAN.narrowed(verl=">=0.7.1,<0.9"),
+        BANNED_TOKEN_IDS,
+    ),
+    VLLM_ROLLOUT: (LOGITS_WITHOUT_BAN.narrowed(verl="==0.7.0"), LOGITS_PATCHED_ELSEWHERE.narrowed(verl=">=0.7.1")),
+}
+
+
+def _logits_target(module: str) -> Target:
+    def apply(imported: ModuleType, decision: Decision) -> None:
+        from verl_qwen3vl_plugin.patches.vision_placeholder_ban.replacement import ban_placeholders
+
+        originals.wrap(imported, LOGITS[module], ban_placeholders)
+
+    return Target(
+        module=module,
+        decide=logits_probe(module),
+        apply=apply,
+        shapes=LOGITS_SHAPES[module],
+    )
+
+
+def _apply_positions(module: ModuleType, decision: Decision) -> None:
+    from verl_qwen3vl_plugin.patches.vision_placeholder_ban.replacement import refuse_strays_in_positions
+
+    owner = _positions_owner(environment.tree(AGENT_LOOP))
+    originals.wrap(getattr(module, owner.name), POSITIONS, refuse_strays_in_positions)
+
+
+PATCH = Patch(
+    name="vision_placeholder_ban",
+    title="no vision placeholder sampled on verl 0.7 / 0.8, and one sampled anyway refused by name",
+    group=MODEL,
+    targets=(
+        _logits_target(VLLM_ROLLOUT_UTILS),
+        _logits_target(VLLM_ROLLOUT),
+        Target(
+            module=AGENT_LOOP,
+            decide=decide_positions,
+            apply=_apply_positions,
+            shapes=(AGENT_LOOP_ROPE_INDEX,),
+        ),
+    ),
+    why=(
+        "On verl 0.7 / 0.8 the vLLM rollout can sample <|image_pad|> / <|video_pad|>; the next pass that pairs "
+        "placeholders with vision features dies hours into the run (StopIteration in get_rope_index, a "
+        "masked_scatter shape mismatch, or the trainer's token-count ValueError)."
+    ),
+    how=(
+        "verl's compute_logits patch for vLLM also sets the served model's image_token_id and video_token_id logits "
+        "to -inf (text-only models untouched); verl's agent loop refuses a sample holding a placeholder that no image "
+        "or video stands behind with a ValueError naming it and the fix, whatever engine sampled it."
+    ),
+    upstream=("verl#5817", "verl#7038"),
+    remove_when="the oldest verl you run is 0.9.0 (banned_token_ids) and your rollout engine bans the placeholders.",
+)
