@@ -11,7 +11,7 @@ import shutil
 import nox
 
 # The default run (CI): lint, every stack, and the newest forward stack's doctor and forward checks (FORWARD_TESTS).
-nox.options.sessions = ["lint", "tests", "forward(stack='verl0.9.1-tf5.22.2')"]
+nox.options.sessions = ["lint", "tests", "forward(stack='verl0.9.1-tf5.22.2')", "bench_smoke"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
@@ -40,7 +40,10 @@ FORWARD_BASE = "verl0.9.1-tf5.10.4"
 # 60-minute budget; `nox -s forward -- tests` runs the whole suite.
 FORWARD_TESTS = [
     *sorted(glob.glob("tests/patches/*/test_probes.py")),
-    "tests/patches/test_decisions.py", "tests/patches/test_npu_qwen3_vl_moe.py",
+    "tests/test_decisions.py", "tests/patches/npu_qwen3_vl_moe_routing/test_numerics.py",
+    "tests/patches/npu_qwen3_vl_moe_sparse_eval/test_numerics.py",
+    "tests/patches/npu_qwen3_vl_moe_weight_sync/test_weight_sync.py",
+    "tests/patches/qwen3_vl_moe_routing_replay/test_npu_block.py",
     "tests/test_doctor.py", "tests/test_probe_variants.py", "tests/test_registry_contract.py",
     "tests/patches/qwen3_5_packed_delta_net/test_numerics.py", "tests/patches/qwen3_vl_pos_embed/test_numerics.py",
 ]  # fmt: skip
@@ -131,41 +134,64 @@ def e2e(session: nox.Session) -> None:
     )
 
 
+def _mode(session: nox.Session, smoke: bool, posargs: bool = True) -> list[str]:
+    """A benchmark's closing arguments: ``--smoke`` in the smoke run, else the session's own (where it takes them)."""
+    return ["--smoke"] if smoke else list(session.posargs if posargs else [])
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """CPU benchmarks (docs/performance.md): verl 0.8.0 + transformers 5.3.0 has both upstream implementations.
 
     A regular (not editable) install, as users have it: the import cost depends on it.
     """
+    _bench(session, smoke=False)
+
+
+def _bench(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS["verl0.8.0-tf5.3.0"], ".", "matplotlib")
-    session.run("python", "benchmarks/pos_embed.py", "--plot", "docs/performance.png", *session.posargs)
-    session.run("python", "benchmarks/pos_embed_first_call.py")
-    session.run("python", "benchmarks/import_cost.py")
-    session.run("python", "benchmarks/startup_cost.py")
+    plot = [] if smoke else ["--plot", "docs/performance.png"]
+    session.run("python", "benchmarks/pos_embed.py", *plot, *_mode(session, smoke))
+    session.run("python", "benchmarks/pos_embed_first_call.py", *_mode(session, smoke, posargs=False))
+    session.run("python", "benchmarks/import_cost.py", *_mode(session, smoke, posargs=False))
+    session.run("python", "benchmarks/startup_cost.py", *_mode(session, smoke, posargs=False))
 
 
 @nox.session
 def bench_vision_dp(session: nox.Session) -> None:
     """CPU benchmark of vision DP (docs/performance.md): per-rank FLOPs, and SP = 2 on two gloo ranks."""
+    _bench_vision_dp(session, smoke=False)
+
+
+def _bench_vision_dp(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
-    session.run("python", "benchmarks/vision_dp.py", *session.posargs)
+    session.run("python", "benchmarks/vision_dp.py", *_mode(session, smoke))
 
 
 @nox.session
 def bench_vision_call(session: nox.Session) -> None:
     """CPU benchmark of one vision-tower call per micro-batch against verl's two (docs/performance.md)."""
+    _bench_vision_call(session, smoke=False)
+
+
+def _bench_vision_call(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], ".")
-    session.run("python", "benchmarks/vision_call.py", *session.posargs)
+    session.run("python", "benchmarks/vision_call.py", *_mode(session, smoke))
 
 
 @nox.session
 def bench_moe(session: nox.Session) -> None:
     """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
     transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
+    _bench_moe(session, smoke=False)
+
+
+def _bench_moe(session: nox.Session, smoke: bool) -> None:
+    """Ends on the verl 0.8.0 + transformers 5.3.0 stack."""
     session.install(TORCH, *STACKS[MAIN_STACK], ".")
-    session.run("python", "benchmarks/moe_experts.py", *session.posargs)
+    session.run("python", "benchmarks/moe_experts.py", *_mode(session, smoke))
     session.install(*STACKS["verl0.8.0-tf5.3.0"])
-    session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *session.posargs)
+    session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *_mode(session, smoke))
 
 
 @nox.session
@@ -179,8 +205,12 @@ def lint(session: nox.Session) -> None:
 def bench_end_to_end(session: nox.Session) -> None:
     """CPU benchmark of the plugin end to end: verl's actor compute_log_prob and update_policy on a tiny Qwen3-VL-MoE,
     SP = 2 on two gloo ranks, plugin on against off."""
+    _bench_end_to_end(session, smoke=False)
+
+
+def _bench_end_to_end(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
-    session.run("python", "benchmarks/end_to_end.py", *session.posargs)
+    session.run("python", "benchmarks/end_to_end.py", *_mode(session, smoke))
 
 
 @nox.session
@@ -188,8 +218,12 @@ def bench_end_to_end(session: nox.Session) -> None:
 def bench_routing_replay(session: nox.Session, stack: str) -> None:
     """CPU benchmark of routing replay (docs/performance.md): the train / rollout mismatch with and without R3, and
     R3's overhead on one update; verl 0.7.1's legacy actor and verl 0.9.1's FSDP engine."""
+    _bench_routing_replay(session, stack, smoke=False)
+
+
+def _bench_routing_replay(session: nox.Session, stack: str, smoke: bool) -> None:
     session.install(TORCH, *STACKS[stack], "-e", ".[test]")
-    session.run("python", "benchmarks/routing_replay.py", *session.posargs)
+    session.run("python", "benchmarks/routing_replay.py", *_mode(session, smoke))
 
 
 @nox.session
@@ -197,5 +231,28 @@ def bench_routing_replay(session: nox.Session, stack: str) -> None:
 def bench_delta_net(session: nox.Session, stack: str) -> None:
     """CPU benchmark of the packed gated delta rule (docs/performance.md): against verl's per-sample loop
     (transformers 5.8) and against the single-row fallback that mixes samples (5.10)."""
+    _bench_delta_net(session, stack, smoke=False)
+
+
+def _bench_delta_net(session: nox.Session, stack: str, smoke: bool) -> None:
     session.install(TORCH, *STACKS[stack], ".")
-    session.run("python", "benchmarks/delta_net_varlen.py", *session.posargs)
+    session.run("python", "benchmarks/delta_net_varlen.py", *_mode(session, smoke))
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """Every benchmark in its smoke mode (smallest sizes, one repeat, no result): a broken import, a stale check or a
+    crash fails CI. Each runs on its session's stack, in one venv that moves forward through the stacks (verl 0.7.1,
+    0.8.0, 0.9.0, 0.9.1), each session's own install lines over the last; the GPU checks run their CPU smoke paths."""
+    _bench_vision_dp(session, smoke=True)  # the main stack, editable
+    _bench_end_to_end(session, smoke=True)
+    _bench_routing_replay(session, MAIN_STACK, smoke=True)
+    session.run("python", "benchmarks/gpu_check.py", "--smoke")  # transformers 4.57: its MoE check runs there
+    _bench_vision_call(session, smoke=True)  # the main stack, a regular install
+    _bench_moe(session, smoke=True)  # ends on verl 0.8.0 + transformers 5.3.0
+    _bench(session, smoke=True)
+    session.run("python", "benchmarks/npu_qwen3_5_moe_experts.py", "--smoke")  # verl >= 0.8, transformers >= 5.2
+    _bench_delta_net(session, "verl0.9.0-tf5.8.1", smoke=True)
+    _bench_delta_net(session, "verl0.9.1-tf5.10.4", smoke=True)
+    session.run("python", "benchmarks/gpu_delta_net.py", "--smoke")  # transformers with Qwen3.5
+    _bench_routing_replay(session, "verl0.9.1-tf5.10.4", smoke=True)

@@ -1,6 +1,6 @@
-"""Benchmark: the plugin's varlen gated delta rule (``replacements/delta_net_varlen.py``) against what verl 0.9 runs
-without flash-linear-attention: ``verl.models.transformers.qwen3_5._packed_chunk_gated_delta_rule`` over
-transformers' torch fallback. Which that is depends on transformers, so run it on two stacks:
+"""Benchmark: the plugin's varlen gated delta rule (``patches/qwen3_5_packed_delta_net/delta_net_varlen.py``) against
+what verl 0.9 runs without flash-linear-attention: ``verl.models.transformers.qwen3_5._packed_chunk_gated_delta_rule``
+over transformers' torch fallback. Which that is depends on transformers, so run it on two stacks:
 
 - transformers <= 5.8 (the verl 0.9.0 + 5.8.1 stack): verl loops over the samples, one fallback call each (right);
 - transformers >= 5.9 (the verl 0.9.1 + 5.10.4 stack): verl hands the fallback ``cu_seqlens``, which it ignores: one
@@ -12,6 +12,7 @@ alternate within each repeat; times are medians. Peak memory: resident growth du
 per measurement, less the output.
 
     python benchmarks/delta_net_varlen.py [--repeats 5] [--heads 16] [--no-memory]
+    python benchmarks/delta_net_varlen.py --smoke   # 4 short samples, 2 heads, one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from resident_memory import growth, in_child  # benchmarks/resident_memory.py, beside this script
 
 LENGTHS = [1024, 32, 517, 96, 800, 64, 250, 1000]
+SMOKE_LENGTHS = [130, 1, 64, 20]  # --smoke: across the 64-token chunks, one sample of a single token
 DK = DV = 128
 os.environ["VERL_QWEN3VL_PLUGIN_AUTOLOAD"] = "0"  # verl's function as verl ships it
 
@@ -92,6 +94,11 @@ def time_case(heads: int, dtype: torch.dtype, backward: bool, repeats: int) -> d
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def use_smoke_lengths() -> None:
+    global LENGTHS
+    LENGTHS = SMOKE_LENGTHS
+
+
 def memory_child(impl: str, heads: int, dtype: str, backward: bool) -> float:
     """In a fresh process: peak resident growth during one call, less the output, in bytes."""
     torch.set_num_threads(1)
@@ -101,8 +108,8 @@ def memory_child(impl: str, heads: int, dtype: str, backward: bool) -> float:
     return grown - out.numel() * out.element_size()
 
 
-def peak_memory(impl: str, heads: int, dtype: str, backward: bool) -> float:
-    return in_child(__file__, [impl, heads, dtype, backward])
+def peak_memory(impl: str, heads: int, dtype: str, backward: bool, *args: str) -> float:
+    return in_child(__file__, [impl, heads, dtype, backward], *args)
 
 
 def main() -> None:
@@ -110,9 +117,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="4 short samples, 2 heads, one repeat, one memory case")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.smoke:
+        use_smoke_lengths()
+        args.heads, args.repeats = 2, 1
     if args.memory_child:
         print(memory_child(*json.loads(args.memory_child)))
         return
@@ -120,19 +131,22 @@ def main() -> None:
     import verl
 
     upstream, plugin = implementations()
+    if args.smoke:
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     print(f"verl {verl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, CPU "
           f"{torch.backends.cpu.get_cpu_capability()}, 1 thread; samples {LENGTHS} ({sum(LENGTHS)} tokens), "
           f"{args.heads} heads, head dim {DK}; medians of {args.repeats}, alternating")  # fmt: skip
     print(f"ratio = {upstream} / {plugin}")
-    for dtype in ("float32", "bfloat16"):
-        for backward in (False, True):
-            times = time_case(args.heads, getattr(torch, dtype), backward, args.repeats)
-            line = (f"{dtype:8} {'fwd+bwd' if backward else 'fwd':7} {upstream} {times[upstream] * 1e3:8.0f} ms, "
-                    f"plugin {times[plugin] * 1e3:8.0f} ms, ratio {times[upstream] / times[plugin]:.2f}x")  # fmt: skip
-            if not args.no_memory:
-                mem = {name: peak_memory(name, args.heads, dtype, backward) for name in (upstream, plugin)}
-                line += f"; peak extra MiB {mem[upstream] / 2**20:.0f} vs {mem[plugin] / 2**20:.0f}"
-            print(line, flush=True)
+    cases = [(dtype, backward) for dtype in ("float32", "bfloat16") for backward in (False, True)]
+    for case, (dtype, backward) in enumerate(cases):
+        times = time_case(args.heads, getattr(torch, dtype), backward, args.repeats)
+        line = (f"{dtype:8} {'fwd+bwd' if backward else 'fwd':7} {upstream} {times[upstream] * 1e3:8.0f} ms, "
+                f"plugin {times[plugin] * 1e3:8.0f} ms, ratio {times[upstream] / times[plugin]:.2f}x")  # fmt: skip
+        if not args.no_memory and not (args.smoke and case):  # a smoke run measures one case's memory
+            smoke = ["--smoke"] * args.smoke
+            mem = {name: peak_memory(name, args.heads, dtype, backward, *smoke) for name in (upstream, plugin)}
+            line += f"; peak extra MiB {mem[upstream] / 2**20:.0f} vs {mem[plugin] / 2**20:.0f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

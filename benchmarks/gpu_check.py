@@ -13,10 +13,12 @@ original report is on 4.57.6), and this package. verl >= 0.8 is optional: its in
      per call (0 on the grouped-GEMM path). Written without a GPU at hand: not yet run.
 
     python benchmarks/gpu_check.py        # exits 1 if a check fails
+    python benchmarks/gpu_check.py --smoke   # on the CPU, any machine: what of each check runs without CUDA (smoke)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
@@ -48,9 +50,7 @@ def check_fsdp2_cpu_offload() -> bool:
         for module in [model.pos_embed, *model.blocks, model]:
             fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
         try:
-            out = model(pixels, grid_thw=grid)
-            out = out[0] if isinstance(out, tuple) else getattr(out, "pooler_output", out)
-            out.float().square().sum().backward()
+            tower_step(model, pixels, grid)
             grad = model.pos_embed.weight.grad
             outcome[name] = f"ok (table grad on {grad.device}, finite: {bool(torch.isfinite(grad.to_local()).all())})"
         except RuntimeError as exc:
@@ -61,9 +61,24 @@ def check_fsdp2_cpu_offload() -> bool:
     return "device" in outcome["transformers"] and outcome["plugin"].startswith("ok")
 
 
-def geo3k_grid(n: int) -> torch.Tensor:
+def tower_step(model: torch.nn.Module, pixels: torch.Tensor, grid: torch.Tensor) -> None:
+    """Check 1's forward + backward of the vision tower (its merged output, whichever type transformers returns)."""
+    out = model(pixels, grid_thw=grid)
+    out = out[0] if isinstance(out, tuple) else getattr(out, "pooler_output", out)
+    out.float().square().sum().backward()
+
+
+def geo3k_grid(n: int, device: str = "cuda") -> torch.Tensor:
     rng = random.Random(0)
-    return torch.tensor([[1, 2 * rng.randint(8, 32), 2 * rng.randint(8, 32)] for _ in range(n)], device="cuda")
+    return torch.tensor([[1, 2 * rng.randint(8, 32), 2 * rng.randint(8, 32)] for _ in range(n)], device=device)
+
+
+def pos_embed_impls() -> dict:
+    """The plugin's interpolation and the upstream ones installed here (check 3, and the smoke run)."""
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.selftest import references
+
+    return {"plugin": fast_pos_embed_interpolate, **references()}
 
 
 def check_syncs() -> bool:
@@ -86,11 +101,9 @@ def check_syncs() -> bool:
 
 
 def check_timings(repeats: int = 10) -> bool:
-    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.replacement import fast_pos_embed_interpolate
-    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.selftest import references
     from verl_qwen3vl_plugin.selftest.tiny_models import vision_tower
 
-    impls = {"plugin": fast_pos_embed_interpolate, **references()}
+    impls = pos_embed_impls()
     grid = geo3k_grid(64)
     ok = True
     for dtype in (torch.float32, torch.bfloat16):
@@ -118,8 +131,8 @@ def check_timings(repeats: int = 10) -> bool:
     return ok
 
 
-def check_moe_experts(repeats: int = 5) -> bool:
-    from moe_experts import experts_module, routed  # benchmarks/moe_experts.py, beside this script
+def moe_impls() -> tuple[type, dict] | None:
+    """The experts class and {name: forward} for check 4; None where this transformers' experts are sparse already."""
     from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as m
 
     from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement import sparse_experts_forward
@@ -127,10 +140,20 @@ def check_moe_experts(repeats: int = 5) -> bool:
     if not hasattr(m.Qwen3VLMoeTextExperts.forward, "__code__") or "router_indices" not in (
         m.Qwen3VLMoeTextExperts.forward.__code__.co_varnames
     ):
+        return None
+    return m.Qwen3VLMoeTextExperts, {"transformers": m.Qwen3VLMoeTextExperts.forward, "plugin": sparse_experts_forward}
+
+
+def check_moe_experts(repeats: int = 5) -> bool:
+    from moe_experts import experts_module, routed  # benchmarks/moe_experts.py, beside this script
+
+    found = moe_impls()
+    if found is None:
         print("  skipped: this transformers' experts are sparse already")
         return True
-    impls = {"transformers": m.Qwen3VLMoeTextExperts.forward, "plugin": sparse_experts_forward}
-    experts = experts_module(m.Qwen3VLMoeTextExperts, torch.bfloat16).cuda()
+    cls, impls = found
+    sparse_experts_forward = impls["plugin"]
+    experts = experts_module(cls, torch.bfloat16).cuda()
     for tokens in (256, 1024):
         hidden, routing, indices = (t.cuda() for t in routed(tokens, torch.bfloat16))
         for backward in (False, True):
@@ -167,7 +190,61 @@ def check_moe_experts(repeats: int = 5) -> bool:
     return True
 
 
+def smoke() -> int:
+    """``--smoke``, on the CPU whatever the machine has, in seconds: every module the checks import, and what of each
+    check runs without CUDA, once. Check 1: the tower's forward + backward with the plugin's method, unsharded (FSDP2's
+    CPU offload needs a CUDA device); checks 2 and 3: every implementation on 4 geo3k-like images, forward and forward
+    + backward, fp32 and bf16; check 4: the experts of a small block (``moe_experts.use_smoke_shape``), eval and
+    forward + backward. Not run: the offload, the sync counts, the CUDA-event timings and their goals."""
+    import moe_experts  # benchmarks/moe_experts.py, beside this script
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: F401  (check 1's: imported, not run)
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: F401
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from verl_qwen3vl_plugin.selftest.tiny_models import VISION, pixel_values, vision_tower
+
+    print(f"SMOKE RUN on the CPU (torch {torch.__version__}): what each check runs without CUDA; no check's result")
+    impls = pos_embed_impls()
+    upstream = Qwen3VLVisionModel.__dict__["fast_pos_embed_interpolate"]
+    grid = torch.tensor([[1, 4, 6], [2, 8, 8]])
+    Qwen3VLVisionModel.fast_pos_embed_interpolate = impls["plugin"]
+    try:
+        torch.manual_seed(0)
+        model = Qwen3VLVisionModel(Qwen3VLVisionConfig(**VISION))
+        tower_step(model, pixel_values(grid), grid)
+    finally:
+        Qwen3VLVisionModel.fast_pos_embed_interpolate = upstream
+    finite = bool(torch.isfinite(model.pos_embed.weight.grad).all())
+    print(f"  fsdp2_cpu_offload: the tower's forward + backward, plugin's method, unsharded; grad finite: {finite}")
+    grid = geo3k_grid(4, device="cpu")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = vision_tower(hidden=16, dtype=dtype)
+        for fn in impls.values():
+            with torch.no_grad():
+                fn(model, grid)
+            fn(model, grid).float().sum().backward()
+    print(f"  syncs, timings: {', '.join(impls)}, forward and forward + backward, 4 images, fp32 and bf16")
+    found = moe_impls()
+    if found is None:
+        print("  moe_experts: skipped: this transformers' experts are sparse already")
+    else:
+        cls, moe = found
+        moe_experts.use_smoke_shape()
+        experts, inputs = moe_experts.experts_module(cls, torch.bfloat16), moe_experts.routed(16, torch.bfloat16)
+        for backward in (False, True):
+            experts.train(backward)
+            for fn in moe.values():
+                moe_experts.call(fn, experts, inputs, backward)
+        print(f"  moe_experts: {', '.join(moe)}, eval and forward + backward, a small block, 16 tokens, bf16")
+    return 0 if finite else 1
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="on the CPU: what of each check runs without CUDA")
+    if parser.parse_args().smoke:
+        return smoke()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
         return 2

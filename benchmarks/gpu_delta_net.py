@@ -12,10 +12,12 @@ reference), and this package; not verl (its loop is a per-sample loop over that 
      device once per micro-batch (2 syncs seen on an H200: the copy from pageable memory).
 
     python benchmarks/gpu_delta_net.py        # exits 1 if a check fails
+    python benchmarks/gpu_delta_net.py --smoke   # on the CPU, any machine: check 1, each implementation once (smoke)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import warnings
@@ -30,6 +32,7 @@ from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.delta_net_varlen impor
 LENGTHS = [1024, 32, 517, 96, 800, 64, 250, 1000]
 CHECK_LENGTHS = [37, 90, 1, 64, 20, 130, 0, 65]
 HEADS, DIM = 32, 128
+DEVICE = "cuda"  # "cpu" for --smoke
 
 
 def fallback():
@@ -39,11 +42,11 @@ def fallback():
 
 
 def inputs(lengths: list[int], heads: int, dtype: torch.dtype, grad: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
     total = sum(lengths)
-    q, k, v = (torch.randn(1, total, heads, DIM, device="cuda", generator=generator).to(dtype) for _ in range(3))
-    g = -torch.rand(1, total, heads, device="cuda", generator=generator)
-    beta = torch.rand(1, total, heads, device="cuda", generator=generator).to(dtype)
+    q, k, v = (torch.randn(1, total, heads, DIM, device=DEVICE, generator=generator).to(dtype) for _ in range(3))
+    g = -torch.rand(1, total, heads, device=DEVICE, generator=generator)
+    beta = torch.rand(1, total, heads, device=DEVICE, generator=generator).to(dtype)
     return tuple(x.requires_grad_(grad) for x in (q, k, v, g, beta))
 
 
@@ -73,7 +76,7 @@ IMPLS = {"verl per-sample loop": loop, "single row (mixes)": single_row, "plugin
 
 def check_correctness() -> bool:
     args = inputs(CHECK_LENGTHS, 8, torch.float32, True, seed=1)
-    weights = torch.randn(1, sum(CHECK_LENGTHS), 8, DIM, device="cuda")
+    weights = torch.randn(1, sum(CHECK_LENGTHS), 8, DIM, device=DEVICE)
     reference = loop(*args, CHECK_LENGTHS)
     expected = torch.autograd.grad((reference * weights).sum(), args)
     ok = True
@@ -149,7 +152,30 @@ def check_syncs() -> bool:
     return counts[1] == 0
 
 
+def smoke() -> int:
+    """``--smoke``, on the CPU whatever the machine has: check 1 as it is (its tolerance included), then each
+    implementation once on check 1's packing in fp32 and bf16, forward and forward + backward. Not run: the CUDA-event
+    timings, peak memory and their goal (check 2), the sync counts (check 3)."""
+    global DEVICE
+    DEVICE = "cpu"
+    print("SMOKE RUN on the CPU: check 1, and what of check 2 runs without CUDA; no timing")
+    print("correctness:", flush=True)
+    ok = check_correctness()
+    for dtype in (torch.float32, torch.bfloat16):
+        for backward in (False, True):
+            args = inputs(CHECK_LENGTHS, 2, dtype, backward)
+            for fn in IMPLS.values():
+                run(fn, args, CHECK_LENGTHS, backward)
+    print(f"  {', '.join(IMPLS)}: forward and forward + backward on {CHECK_LENGTHS}, fp32 and bf16")
+    print(f"correctness: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="on the CPU: check 1, and each implementation once")
+    if parser.parse_args().smoke:
+        return smoke()
     import transformers
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")

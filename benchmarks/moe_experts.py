@@ -14,6 +14,7 @@ fresh process per implementation: the resident-set high-water mark (``VmHWM``, r
 from the shapes.
 
     python benchmarks/moe_experts.py [--tokens 256 1024] [--dtypes float32 bfloat16] [--repeats 3] [--case eval]
+    python benchmarks/moe_experts.py --smoke   # a small block, 16 tokens, one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ E, TOP_K, HIDDEN, INTER, LAYERS = 128, 8, 2048, 768, 48
 _KEEP = contextlib.ExitStack()
 # Upstream must stay upstream: the plugin's start-up hook would patch these classes at ``import verl``.
 os.environ["VERL_QWEN3VL_PLUGIN_AUTOLOAD"] = "0"
+
+
+def use_smoke_shape() -> None:
+    """``--smoke``: a block of the same structure, small enough that every case takes a second."""
+    global E, TOP_K, HIDDEN, INTER
+    E, TOP_K, HIDDEN, INTER = 8, 2, 64, 32
 
 
 def config(dtype: torch.dtype):
@@ -134,8 +141,8 @@ def memory_child(case: str, impl: str, tokens: int, dtype: str) -> float:
     return grown - out.numel() * out.element_size()
 
 
-def peak_memory(case: str, impl: str, tokens: int, dtype: str) -> float:
-    return in_child(__file__, [case, impl, tokens, dtype])
+def peak_memory(case: str, impl: str, tokens: int, dtype: str, *args: str) -> float:
+    return in_child(__file__, [case, impl, tokens, dtype], *args)
 
 
 def flops_per_token() -> tuple[float, float]:
@@ -152,18 +159,26 @@ def main() -> None:
     parser.add_argument("--train-repeats", type=int, default=1, help="transformers' loop takes minutes per call")
     parser.add_argument("--case", action="append", choices=["eval", "train", "npu-eval", "tf5"])
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a small block, 16 tokens, one repeat, one dtype's memory")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        use_smoke_shape()
+        args.tokens, args.repeats, args.train_repeats = [16], 1, 1
     if args.memory_child:
         print(memory_child(*json.loads(args.memory_child)))
         return
     torch.set_num_threads(1)
+    if args.smoke:
+        print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
     dense, sparse = flops_per_token()
-    print(f"Qwen3-VL-30B-A3B block: {E} experts, top-{TOP_K}, hidden {HIDDEN}, expert intermediate {INTER}")
+    block = "a small" if args.smoke else "Qwen3-VL-30B-A3B"
+    print(f"{block} block: {E} experts, top-{TOP_K}, hidden {HIDDEN}, expert intermediate {INTER}")
     print(f"expert GFLOP per token per log-prob pass ({LAYERS} layers): dense eval {dense * LAYERS / 1e9:.1f}, "
           f"sparse {sparse * LAYERS / 1e9:.2f} ({dense / sparse:.0f}x)")  # fmt: skip
     print(f"CPU, 1 thread; ratio = upstream median / plugin median, alternating, {args.repeats} repeats "
           f"({args.train_repeats} for train)\n")  # fmt: skip
+    memory_dtypes = args.dtypes[:1] if args.smoke else args.dtypes  # a smoke run: fewer processes of their own
     for case in args.case or ["eval", "train", "npu-eval"]:
         for dtype in args.dtypes:
             for tokens in args.tokens:
@@ -172,10 +187,11 @@ def main() -> None:
                 (upstream, t_up), (ours, t_ours) = times.items()
                 line = f"{case:9} {dtype:8} {tokens:5} tokens: {upstream} {t_up:8.3f} s  {ours} {t_ours:8.3f} s  "
                 line += f"ratio {t_up / t_ours:6.1f}x"
-                if case in ("eval", "npu-eval") and not args.no_memory:
-                    mem = {name: peak_memory(case, name, tokens, dtype) for name in times}
+                if case in ("eval", "npu-eval") and not args.no_memory and dtype in memory_dtypes:
+                    mem = {name: peak_memory(case, name, tokens, dtype, *["--smoke"] * args.smoke) for name in times}
                     line += f"  peak extra memory {mem[ours] / 2**20:7.1f} MiB vs {mem[upstream] / 2**20:8.1f} MiB"
-                    line += f" ({mem[ours] / mem[upstream]:.3f} of {upstream})"
+                    if mem[upstream] > 0:  # a smoke run's block can leave nothing resident
+                        line += f" ({mem[ours] / mem[upstream]:.3f} of {upstream})"
                 print(line, flush=True)
 
 

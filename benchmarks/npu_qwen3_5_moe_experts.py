@@ -10,6 +10,7 @@ checkpointing every layer's copy stays alive from its forward to its backward: b
 matmuls); they are printed as the copy's share of this CPU forward, alternating copy and forward, medians.
 
     python benchmarks/npu_qwen3_5_moe_experts.py [--tokens 512] [--repeats 5]   # about 40 s per forward here
+    python benchmarks/npu_qwen3_5_moe_experts.py --smoke   # a small layer, 16 tokens, one repeat: runs, no result
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ import torch
 
 E, TOP_K, HIDDEN, INTER, LAYERS = 256, 8, 2048, 512, 40  # Qwen3.5-35B-A3B
 os.environ["VERL_QWEN3VL_PLUGIN_AUTOLOAD"] = "0"  # verl's forward as verl ships it
+
+
+def use_smoke_shape() -> None:
+    """``--smoke``: a layer of the same structure, small enough that a forward takes milliseconds."""
+    global E, TOP_K, HIDDEN, INTER
+    E, TOP_K, HIDDEN, INTER = 8, 2, 64, 32
 
 
 def experts(dtype: torch.dtype):
@@ -75,7 +82,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[512])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="a small layer, 16 tokens, one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        use_smoke_shape()
+        args.tokens, args.repeats = [16], 1
     import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe  # noqa: F401
     import verl  # noqa: F401  (both first: their device probes must find no torch_npu)
 
@@ -90,6 +101,8 @@ def main() -> None:
         module = experts(dtype)
         weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
         gib = 2**30
+        if args.smoke:
+            print("SMOKE RUN (smallest sizes, one repeat): it checks that the benchmark runs; its times are no result")
         print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
               f"thread(s); one layer: {E} experts, hidden {HIDDEN}, intermediate {INTER}, {dtype}")  # fmt: skip
         unsharded = "unsharded, as FSDP gathers them for the layer's forward"

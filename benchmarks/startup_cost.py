@@ -62,11 +62,13 @@ def main() -> None:
                 runs[arm].append(start(arms[arm], outside))
     assert all(hooked for *_, hooked in runs["with the hook"]), f"{PTH} is not installed in this environment"
     assert not any(hooked for *_, hooked in runs["without"])
-    print(f"{sys.executable}: {args.runs} interpreter starts per arm, alternating; medians")
+    print(f"{sys.executable}: {args.runs} interpreter starts per arm, alternating; medians, and the median of the")
+    print("differences within each pair of starts (which cancels a load that drifts); budget +300 us")
     columns = ((1, "site.main() in the child"), (2, "its CPU time"), (0, "whole start (fork, exec, init)"))
     for column, what in columns:
         hook, base = (statistics.median(run[column] for run in runs[arm]) for arm in arms)
-        line = f"{hook:6.0f} us with the hook, {base:6.0f} without: {hook - base:+4.0f} us, x{hook / base:.3f}"
+        paired = statistics.median(h[column] - b[column] for h, b in zip(*runs.values(), strict=True))
+        line = f"{hook:6.0f} us with the hook, {base:6.0f} without, x{hook / base:.3f}; difference {paired:+4.0f} us"
         print(f"  {what:30} {line}")
 
 

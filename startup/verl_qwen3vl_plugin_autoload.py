@@ -1,19 +1,20 @@
 """Start-up hook of verl-qwen3vl-plugin: loads the plugin's hooks right after ``import verl``, on every verl.
 
-Why: verl 0.7.x and 0.8.0 load plugins only from ``VERL_USE_EXTERNAL_MODULES``, so a plain ``pip install`` would
-leave them unpatched. ``site`` imports this module from ``verl_qwen3vl_plugin_autoload.pth`` in every Python process
-of the environment (Ray workers included), before any user code.
-
-How: at start-up it only puts a finder at the front of ``sys.meta_path`` that answers nothing but a lookup of
-``verl``: most processes never import verl, and this module is all they pay for (budget: 300 us a start,
-``benchmarks/startup_cost.py``). When verl is looked up, the finder removes itself and hands over to the package's
-import watcher (``verl_qwen3vl_plugin.import_watch``), which calls ``verl_qwen3vl_plugin.activation`` once verl's
-``__init__`` has run; activation leaves verl >= 0.9 to its own entry-point discovery. Nothing here may raise: a
-broken plugin must not break ``python``.
-
 Off: ``VERL_QWEN3VL_PLUGIN_AUTOLOAD=0`` (read at start-up, and again when verl is imported). ``python -S`` skips
 ``.pth`` files; there, ``VERL_USE_EXTERNAL_MODULES`` still works.
 """
+
+# Why: verl 0.7.x and 0.8.0 load plugins only from ``VERL_USE_EXTERNAL_MODULES``, so a plain ``pip install`` would
+# leave them unpatched. ``site`` imports this module from ``verl_qwen3vl_plugin_autoload.pth`` in every Python process
+# of the environment (Ray workers included), before any user code.
+#
+# How: at start-up this module only puts itself at the front of ``sys.meta_path``, as a finder (its ``find_spec``)
+# that answers nothing but a lookup of verl. Most processes never import verl, and loading this module is all they
+# pay: the budget is 300 us a start (``benchmarks/startup_cost.py``), so the text of this header stays in comments,
+# which the bytecode does not carry, and there is no class to build. When verl is looked up, the finder removes itself
+# and hands over to the package's import watcher (``verl_qwen3vl_plugin.import_watch``), which calls
+# ``verl_qwen3vl_plugin.activation`` once verl's ``__init__`` has run; activation leaves verl >= 0.9 to its own
+# entry-point discovery. Nothing here may raise: a broken plugin must not break ``python``.
 
 import os
 import sys
@@ -48,26 +49,25 @@ def _activate(_verl) -> None:
         state = _warn("failed", exc)
 
 
-class _VerlLookup:
-    """The finder put in at start-up: it hands the first lookup of verl to the import watcher and leaves."""
+def find_spec(name, path=None, target=None):
+    """The finder's one answer: the first lookup of verl goes to the import watcher, which waits for verl from then on;
+    any other name is not this finder's."""
+    global state
+    if name != "verl":
+        return None
+    try:
+        finder = sys.modules[__name__]
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        from verl_qwen3vl_plugin import import_watch
 
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        global state
-        if name != "verl":
-            return None
-        try:
-            if _VerlLookup in sys.meta_path:
-                sys.meta_path.remove(_VerlLookup)
-            from verl_qwen3vl_plugin import import_watch
-
-            import_watch.after_import("verl", _activate)
-            # The import system has already passed the front of sys.meta_path, where the watcher's finder now sits,
-            # so this lookup is answered through the watcher here.
-            return import_watch.find_spec(name, path, target)
-        except Exception as exc:  # verl then imports as if the plugin were not installed
-            state = _warn("failed", exc)
-            return None
+        import_watch.after_import("verl", _activate)
+        # The import system has already passed the front of sys.meta_path, where the watcher's finder now sits,
+        # so this lookup is answered through the watcher here.
+        return import_watch.find_spec(name, path, target)
+    except Exception as exc:  # verl then imports as if the plugin were not installed
+        state = _warn("failed", exc)
+        return None
 
 
 def _install() -> None:
@@ -75,7 +75,7 @@ def _install() -> None:
     if not enabled() or "verl" in sys.modules:
         return
     try:
-        sys.meta_path.insert(0, _VerlLookup)
+        sys.meta_path.insert(0, sys.modules[__name__])
         state = "waiting for verl"
     except Exception as exc:  # a broken install must not break `python`
         state = _warn("failed", exc)

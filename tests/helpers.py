@@ -15,13 +15,18 @@ from pathlib import Path
 
 from verl_qwen3vl_plugin import environment
 from verl_qwen3vl_plugin.environment import MISSING, Source, dist_version, parse, verl_discovers_plugins
-from verl_qwen3vl_plugin.families import QWEN3_5
-from verl_qwen3vl_plugin.registry import Decision, Patch, Target, decide
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL
+from verl_qwen3vl_plugin.patches import spec
+from verl_qwen3vl_plugin.registry import Decision, Patch, Target, Verdict, decide
 
 VERL = dist_version("verl")
 TRANSFORMERS = dist_version("transformers")
 DISCOVERS_PLUGINS = verl_discovers_plugins()
-POS_EMBED_USED = TRANSFORMERS.release < (5, 9)  # transformers >= 5.9 no longer calls fast_pos_embed_interpolate
+# Whether this transformers' Qwen3-VL tower calls fast_pos_embed_interpolate, as the patch's shapes declare.
+POS_EMBED_USED = (
+    spec("qwen3_vl_pos_embed").target(QWEN3_VL.modeling).shape_on(VERL.release, TRANSFORMERS.release).verdict
+    is Verdict.APPLY
+)
 QWEN3_5_SHIPPED = QWEN3_5.shipped_by(TRANSFORMERS.release)  # transformers has the Qwen3.5 models
 QWEN3_5_TRAINED = QWEN3_5.trained_by(VERL.release, TRANSFORMERS.release)  # and verl trains them
 CHILD = Path(__file__).resolve().parent / "_child"
@@ -67,7 +72,7 @@ def source_text(module: str) -> str | None:
     return path.read_text(encoding="utf-8") if path is not None else None
 
 
-def judge(patch: Patch, target: Target, text: str | None) -> Decision:
+def decide_text(patch: Patch, target: Target, text: str | None) -> Decision:
     """What the hooks decide when ``text`` is the target's source (None: the module is not installed)."""
     return decide(patch, target, parse(text) if text is not None else Source(None, MISSING), frozenset())
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import judge, source_text
+from tests.helpers import decide_text, source_text
 from verl_qwen3vl_plugin.hooks import watch_group
 from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_weight_sync import spec as sync
 from verl_qwen3vl_plugin.registry import NPU, Verdict
@@ -27,7 +27,7 @@ NPU_PATCH = "verl.models.transformers.npu_patch"
 FSDP_UTILS, FSDP_ENGINE = "verl.workers.engine.fsdp.utils", "verl.workers.engine.fsdp.transformer_impl"
 SYNC_UTILS, SYNC_ENGINE = sync.PATCH.target(FSDP_UTILS), sync.PATCH.target(FSDP_ENGINE)  # the full weight sync
 SHARD_EXPORT = sync.PATCH.target(f"{FSDP_ENGINE}:FSDPEngine.get_per_tensor_param_shard")
-SYNCS = judge(sync.PATCH, SYNC_UTILS, source_text(FSDP_UTILS)).verdict is Verdict.APPLY
+SYNCS = decide_text(sync.PATCH, SYNC_UTILS, source_text(FSDP_UTILS)).verdict is Verdict.APPLY
 # The tiny model's hidden 32 with expert intermediates 24 (shapes tell a mis-split) and 16 (hidden == 2 * I: they
 # do not, and only the values show it).
 INTERMEDIATES = {"hidden_ne_2i": 24, "hidden_eq_2i": 16}

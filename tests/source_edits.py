@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 
-from tests.helpers import judge, source_text, use_sources
+from tests.helpers import decide_text, source_text, use_sources
 from verl_qwen3vl_plugin.patches import spec
 from verl_qwen3vl_plugin.registry import Decision, Patch, Target, Verdict
 
@@ -180,7 +180,7 @@ def safe_decision(patch: Patch, target: Target) -> Decision | None:
     """The installed source's decision where it is safe; None otherwise. A module this stack does not have has no
     shape to miss: its verdict is the target's own ``absent`` (tests/test_registry_contract.py checks which may)."""
     source = source_text(target.module)
-    decision = judge(patch, target, source) if source is not None else None
+    decision = decide_text(patch, target, source) if source is not None else None
     return decision if decision is not None and decision.verdict in SAFE else None
 
 
@@ -210,8 +210,8 @@ def check_near_miss(monkeypatch: pytest.MonkeyPatch, patch: Patch, target: Targe
     edited = variant.edit(base)
     assert edited != base
     if variant.module == target.module:
-        decision = judge(patch, target, edited)
+        decision = decide_text(patch, target, edited)
     else:
         use_sources(monkeypatch, {variant.module: edited})
-        decision = judge(patch, target, source_text(target.module))
+        decision = decide_text(patch, target, source_text(target.module))
     assert decision.verdict is variant.expected, decision

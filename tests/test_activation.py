@@ -14,6 +14,7 @@ from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 HOOKS = sorted(HOOK_MODULES.values())
 ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
 NO_AUTOLOAD = {"VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0"}
+STARTUP_STATE = "print(json.dumps(sys.modules['verl_qwen3vl_plugin_autoload'].state))"
 # What a user's plain `import verl` loads the plugin through on this verl.
 DEFAULT_PATH = "entry points" if DISCOVERS_PLUGINS else "start-up hook"
 
@@ -72,13 +73,14 @@ def test_every_path_at_once_patches_once():
 
 
 def test_start_up_imports_nothing_before_verl():
-    """Until verl is imported the hook costs the shim, the package's lazy top level and its import watcher: no
-    registry, no activation, no torch, no logging."""
+    """Until verl is imported the hook costs its own module, which waits for verl at the front of sys.meta_path:
+    not the package, no torch, no logging."""
     modules = set(child_json("startup_modules.py"))
-    ours = {"verl_qwen3vl_plugin_autoload", "verl_qwen3vl_plugin", "verl_qwen3vl_plugin.import_watch"}
-    assert ours <= modules
-    heavy = {m for m in modules - ours if m.split(".")[0] in {"verl_qwen3vl_plugin", "torch", "logging", "verl"}}
+    assert "verl_qwen3vl_plugin_autoload" in modules
+    heavy = {m for m in modules if m.split(".")[0] in {"verl_qwen3vl_plugin", "torch", "logging", "verl"}}
     assert not heavy, heavy
+    first_finder = last_json(run_args(["-c", "import json, sys; print(json.dumps(sys.meta_path[0].__name__))"]))
+    assert first_finder == "verl_qwen3vl_plugin_autoload"
 
 
 def test_broken_plugin_module_never_breaks_import_verl():
@@ -103,6 +105,23 @@ def test_broken_start_up_hand_over_never_breaks_import_verl():
     result = last_json(proc)
     assert result["verl"] == str(VERL) and result["startup_hook"].startswith("failed: ModuleNotFoundError")
     assert "verl-qwen3vl-plugin: start-up hook failed: ModuleNotFoundError" in proc.stderr
+
+
+@pytest.mark.skipif(DISCOVERS_PLUGINS, reason="the start-up hook leaves verl >= 0.9 to its discovery")
+def test_broken_watcher_at_the_lookup_of_verl_never_breaks_import_verl():
+    """The start-up hook loads the package's import watcher only when verl is looked up; if that fails, verl imports
+    as if the plugin were not installed, with a WARNING."""
+    code = "import json, sys; sys.modules['verl_qwen3vl_plugin.import_watch'] = None; import verl; " + STARTUP_STATE
+    proc = run_args(["-c", code])
+    assert last_json(proc).startswith("failed: ModuleNotFoundError")
+    assert "verl-qwen3vl-plugin: start-up hook failed: ModuleNotFoundError" in proc.stderr
+
+
+def test_looking_verl_up_before_importing_it_still_activates():
+    """The hook's finder leaves after the first lookup of verl, which need not import it (a library checking whether
+    verl is installed): the import watcher it handed over to waits for the import."""
+    code = "import importlib.util, json, sys; importlib.util.find_spec('verl'); import verl; " + STARTUP_STATE
+    assert last_json(run_args(["-c", code])) == ("left to verl's entry points" if DISCOVERS_PLUGINS else "loaded")
 
 
 def test_unknown_disable_name_warns_with_valid_names():

@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from tests.expected_verdicts import expected_verdicts
 from tests.helpers import DISCOVERS_PLUGINS, TRANSFORMERS, VERL, run_args
 from verl_qwen3vl_plugin import doctor as doctor_module
 from verl_qwen3vl_plugin import environment
@@ -21,7 +20,11 @@ from verl_qwen3vl_plugin.upstream import NPU_PATCH
 
 PATCHES_BY_NAME = [p.name for p in PATCHES]
 ENV_LINE = dict([ACTIVATION_LINE.removeprefix("export ").split("=", 1)])
-EXPECTED_VERDICTS = expected_verdicts(VERL.release, TRANSFORMERS.release)
+# What each target's declared shapes say this stack holds: the probe must read it so (test_json_report_and_verdicts).
+DECLARED = {p.name: {t.label: t.shape_on(VERL.release, TRANSFORMERS.release) for t in p.targets} for p in PATCHES}
+EXPECTED_VERDICTS = {
+    name: {label: s.verdict.value for label, s in targets.items()} for name, targets in DECLARED.items()
+}
 
 
 def doctor(*flags: str, env: dict[str, str] | None = None):
@@ -71,8 +74,9 @@ def test_json_report_and_verdicts(plain_json):
     returncode, report = plain_json
     assert returncode == report["exit_code"] == 0, report["actions"]
     assert report["versions"]["verl"] == str(VERL)
-    verdicts = {n: {m: t["verdict"] for m, t in p["targets"].items()} for n, p in report["patches"].items()}
-    assert verdicts == EXPECTED_VERDICTS
+    found = {n: {m: (t["shape"], t["verdict"]) for m, t in p["targets"].items()} for n, p in report["patches"].items()}
+    declared = {n: {m: (s.id, s.verdict.value) for m, s in targets.items()} for n, targets in DECLARED.items()}
+    assert found == declared
     assert report["activation"]["active"] is True
     assert report["activation"]["import_verl_loaded_hooks"] == list(HOOK_MODULES.values())
     assert report["devices"] == environment.devices()  # what this process sees, on the same machine as the doctor

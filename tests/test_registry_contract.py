@@ -23,7 +23,7 @@ from verl_qwen3vl_plugin.activation import STARTUP_MODULE
 from verl_qwen3vl_plugin.doctor import patch_verdicts
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
 from verl_qwen3vl_plugin.patches import NAMES, PATCHES
-from verl_qwen3vl_plugin.registry import HOOK_MODULES, Patch
+from verl_qwen3vl_plugin.registry import HOOK_MODULES, Patch, Verdict
 
 PATCHES_DOC = (ROOT / "docs" / "patches.md").read_text()
 
@@ -160,15 +160,15 @@ def test_a_stack_without_a_later_family_reads_not_used_for_its_targets(patch: Pa
     """transformers < 5.2 and verl < 0.8 have no Qwen3.5: its targets are "not used" there, naming the family; the
     same patch's Qwen3-VL sibling, where it has one, judges its own absence (fails closed unless it declares why it
     may be absent)."""
-    from tests.helpers import judge
+    from tests.helpers import decide_text
     from verl_qwen3vl_plugin.registry import Verdict
 
-    decision = judge(patch, target, None)
+    decision = decide_text(patch, target, None)
     assert decision.verdict is Verdict.NOT_USED and family.line in decision.reason, decision
     sibling = next((t for t in patch.targets if t.module == sibling_module), None)
     if sibling is None:  # a patch of the later family only
         return
-    decision = judge(patch, sibling, None)
+    decision = decide_text(patch, sibling, None)
     assert family.line not in decision.reason
     assert decision.verdict is (Verdict.UNRECOGNIZED if sibling.absent is None else Verdict.NOT_USED), decision
 
@@ -194,30 +194,29 @@ def test_probes_read_only_the_modules_their_targets_declare(monkeypatch, patch: 
         read.clear()
         source = real(target.module)
         if source.tree is not None:
-            target.decide(source.tree)
+            target.probe(source.tree)
         elif target.absent is not None:
             target.absent()
         assert read <= {target.module, *target.reads}, f"{target.label} reads {sorted(read - {target.module})}"
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_shape_id_names_one_verdict(name: str):
-    """Appliers and tests branch on shape ids: in a patch's probes, one id never comes with two verdicts."""
+def test_probes_return_only_declared_shapes(name: str):
+    """A probe's verdict comes from a ``Shape`` (``SHAPE.decision(reason)``) or is ``unrecognized``: no spec builds a
+    ``Decision`` of its own, so every id and verdict is written once, in a shape."""
     tree = ast.parse(Path(importlib.import_module(f"{patches.__name__}.{name}.spec").__file__).read_text())
-    named = {}  # module-level names of shape ids: SHAPE = "..." or A, B = "...", "..."
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-            continue
-        target, value = node.targets[0], node.value
-        both_tuples = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-        pairs = zip(target.elts, value.elts, strict=True) if both_tuples else [(target, value)]
-        named.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
-    verdicts: dict[str, set[str]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "Decision" and len(node.args) >= 2:
-            shape = node.args[1]
-            value = shape.value if isinstance(shape, ast.Constant) else named.get(getattr(shape, "id", None))
-            if value is not None:
-                verdicts.setdefault(value, set()).add(ast.unparse(node.args[0]))
-    assert verdicts, f"{name}: no Decision with a literal or named shape id"
+    built = [
+        node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "Decision"
+    ]
+    assert not built, f"patches/{name}/spec.py builds a Decision on lines {built}"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=NAMES)
+def test_a_shape_id_names_one_verdict(patch: Patch):
+    """Appliers and tests branch on shape ids: across a patch's targets, one id never comes with two verdicts."""
+    verdicts: dict[str, set[Verdict]] = {}
+    for target in patch.targets:
+        assert target.shapes, f"{target.label} declares no shapes"
+        for shape in target.shapes:
+            verdicts.setdefault(shape.id, set()).add(shape.verdict)
     assert not {shape: v for shape, v in verdicts.items() if len(v) > 1}

@@ -3,7 +3,7 @@ upstream modules' parsed sources, and the accelerators this process can use.
 
 Decisions read the installed code (a version string says nothing about a backport or a fork), always through its
 syntax tree (``syntax`` holds the vocabulary): a probe names the shapes it knows, and anything else is the patch's
-``unrecognized`` verdict. Sources are found without importing them, so the doctor can judge an Ascend module on a
+``unrecognized`` verdict. Sources are found without importing them, so the doctor can probe an Ascend module on a
 machine without ``torch_npu``, and each is parsed once per process (``source_of``).
 """
 

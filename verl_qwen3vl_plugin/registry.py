@@ -113,11 +113,19 @@ class Shape:
     def narrowed(self, verl: str = "", transformers: str = "") -> Shape:
         """The same shape, seen on fewer releases: where one target's module exists on fewer releases than
         another's (Qwen3.5's, from transformers 5.2)."""
-        return replace(
-            self,
-            verl=",".join(filter(None, (self.verl, verl))),
-            transformers=",".join(filter(None, (self.transformers, transformers))),
-        )
+        return replace(self, verl=_joined(self.verl, verl), transformers=_joined(self.transformers, transformers))
+
+
+def _joined(*specs: str) -> str:
+    """The release ranges ``specs`` all hold, written as one: the highest ``>=``, the lowest ``<``, any ``==``."""
+    clauses = [c.strip() for spec in specs for c in spec.split(",") if c.strip()]
+
+    def bound(clause: str, op: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in clause[len(op) :].strip().split("."))
+
+    low = max((c for c in clauses if c.startswith(">=")), key=lambda c: bound(c, ">="), default=None)
+    high = min((c for c in clauses if c.startswith("<")), key=lambda c: bound(c, "<"), default=None)
+    return ",".join([c for c in (low, high) if c] + [c for c in clauses if c.startswith("==")])
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ class Target:
     """One upstream module a patch acts on (or, with ``name``, one thing in it), and what to do once it is imported."""
 
     module: str
-    decide: Callable[[ast.Module], Decision]  # from the module's parsed source, without importing it
+    probe: Callable[[ast.Module], Decision]  # reads the module's parsed source, without importing it
     # Called with the imported module and the decision when the verdict is APPLY; None: a target the plugin only
     # reports on (its probe never says APPLY).
     apply: Callable[[ModuleType, Decision], None] | None
@@ -295,7 +303,7 @@ def decide(patch: Patch, target: Target, source: Source, disabled: frozenset[str
         if source.missing and target.absent is not None:
             return target.absent()
         return unrecognized(f"{target.module} {source.problem}")
-    return target.decide(source.tree)
+    return target.probe(source.tree)
 
 
 def decide_installed(patch: Patch, target: Target, disabled: frozenset[str] = frozenset()) -> Decision:

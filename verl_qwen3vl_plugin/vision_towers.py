@@ -18,12 +18,12 @@ VISION_CLASSES = {family.modeling: family.vision_class for family in FAMILIES}
 
 
 def vision_targets(
-    decide: Callable[[Family, ast.Module], Decision],
+    probe: Callable[[Family, ast.Module], Decision],
     apply: Callable[[type], None],
     shapes: tuple[Shape, ...],
     reads: tuple[str, ...] = (),
 ) -> tuple[Target, ...]:
-    """One target per family's tower, judged by ``decide(family, module tree)``; ``apply`` gets the class.
+    """One target per family's tower, judged by ``probe(family, module tree)``; ``apply`` gets the class.
     ``shapes`` are the towers' shapes; a family shipped later than Qwen3-VL sees them from its first release and
     its own absent shape before it."""
 
@@ -31,7 +31,7 @@ def vision_targets(
         if family.transformers <= QWEN3_VL.transformers:
             return Target(
                 module=family.modeling,
-                decide=lambda tree: decide(family, tree),
+                probe=lambda tree: probe(family, tree),
                 apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
                 reads=reads,
                 shapes=shapes,
@@ -40,7 +40,7 @@ def vision_targets(
         absent = absent_family(family)
         return Target(
             module=family.modeling,
-            decide=lambda tree: decide(family, tree),
+            probe=lambda tree: probe(family, tree),
             apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
             absent=not_used_when_absent(absent, family.missing("transformers")),
             reads=reads,

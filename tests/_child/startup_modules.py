@@ -1,5 +1,4 @@
-"""The modules a fresh interpreter holds before any user code: the start-up hook may add only its shim, the package's
-lazy top level and the import watcher."""
+"""The modules a fresh interpreter holds before any user code: the start-up hook may add only its own module."""
 
 import json
 import sys

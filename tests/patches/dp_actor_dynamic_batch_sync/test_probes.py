@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import VERL, child_json, judge, last_json, run_child, source_text, use_sources
+from tests.helpers import VERL, child_json, decide_text, last_json, run_child, source_text, use_sources
 from tests.source_edits import APPLY, Shape, Variant, check_near_miss, near_miss_cases, replace, substitute
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import selftest as dynamic_batch
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import spec as sync
@@ -28,7 +28,7 @@ EXPECTED = Verdict.APPLY if AFFECTED else Verdict.FIXED_UPSTREAM if LEGACY else 
 
 @pytest.mark.parametrize("target", [ACTOR, CRITIC], ids=["actor", "critic"])
 def test_installed_verl_decision(target):
-    decision = judge(PATCH, target, source_text(target.module))
+    decision = decide_text(PATCH, target, source_text(target.module))
     verdict, reason = decision.verdict, decision.reason
     assert verdict is EXPECTED, reason
 
@@ -41,26 +41,26 @@ class TestEditedSources:
     def test_callers_passing_dp_group_are_fixed_upstream(self):
         fixed = self.ACTOR_SOURCE.replace("max_token_len=max_token_len)", "max_token_len=max_token_len, dp_group=g)")
         assert fixed != self.ACTOR_SOURCE
-        decision = judge(PATCH, ACTOR, fixed)
+        decision = decide_text(PATCH, ACTOR, fixed)
         verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and decision.shape == "passes-dp-group", reason
 
     def test_one_caller_passing_dp_group_is_unrecognized(self):
         one = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace(")", ", dp_group=g)"), 1)
         assert one != self.ACTOR_SOURCE
-        assert judge(PATCH, ACTOR, one).verdict is Verdict.UNRECOGNIZED
+        assert decide_text(PATCH, ACTOR, one).verdict is Verdict.UNRECOGNIZED
 
     def test_split_through_a_helper_of_another_name_is_unrecognized(self):
         other = self.ACTOR_SOURCE.replace(self.CALL, self.CALL.replace("prepare_dynamic_batch", "split_batches"))
         assert other != self.ACTOR_SOURCE
-        assert judge(PATCH, ACTOR, other).verdict is Verdict.UNRECOGNIZED
+        assert decide_text(PATCH, ACTOR, other).verdict is Verdict.UNRECOGNIZED
 
     def test_split_without_the_guard_is_verl_070(self, monkeypatch):
         balancing = source_text(BALANCING)
         unguarded = balancing.replace(" and dp_group is not None:", ":")
         assert unguarded != balancing
         use_sources(monkeypatch, {BALANCING: unguarded})
-        decision = judge(PATCH, ACTOR, self.ACTOR_SOURCE)
+        decision = decide_text(PATCH, ACTOR, self.ACTOR_SOURCE)
         verdict, reason = decision.verdict, decision.reason
         assert verdict is Verdict.FIXED_UPSTREAM and decision.shape == "verl0.7.0-syncs-over-default-group", reason
 
@@ -68,7 +68,7 @@ class TestEditedSources:
 def test_module_absent_without_verl08s_engine_is_unrecognized(monkeypatch):
     """verl >= 0.8's positive match is its engine's split: a verl with neither is not called safe."""
     use_sources(monkeypatch, {ENGINE: "class FSDPEngine:\n    pass\n"})
-    assert judge(PATCH, ACTOR, None).verdict is Verdict.UNRECOGNIZED
+    assert decide_text(PATCH, ACTOR, None).verdict is Verdict.UNRECOGNIZED
 
 
 @pytest.mark.skipif(not LEGACY, reason="verl 0.7.x's legacy actor")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import TRANSFORMERS, VERL, judge, last_json, run_args, use_sources
+from tests.helpers import TRANSFORMERS, VERL, decide_text, last_json, run_args, use_sources
 from tests.source_edits import Shape, Variant, append, check_near_miss, near_miss_cases, substitute
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE
 from verl_qwen3vl_plugin.patches import spec
@@ -124,7 +124,7 @@ def test_near_miss_of_a_safe_shape_is_not_called_safe(monkeypatch, patch, target
 def test_each_shape_gets_its_verdict(monkeypatch, name):
     source, verdict, shape = SHAPES[name]
     use_sources(monkeypatch, {QWEN3_5.verl_forward: VERL_0_9})
-    decision = judge(PATCH, TARGET, source)
+    decision = decide_text(PATCH, TARGET, source)
     assert (decision.verdict, decision.shape if shape else None) == (verdict, shape), decision
 
 
@@ -182,7 +182,9 @@ def test_each_verl_shape_that_reads_no_old_name_gets_its_verdict(monkeypatch, na
     """On transformers 5.16's classes, whatever verl reads is judged by verl's own shape."""
     source, verdict, shape = VERL_SHAPES[name]
     use_sources(monkeypatch, {QWEN3_5.verl_forward: source})
-    decision = judge(PATCH, TARGET, transformers_source("block_type", False, "use_kernel_func_from_hub_with_fallback"))
+    decision = decide_text(
+        PATCH, TARGET, transformers_source("block_type", False, "use_kernel_func_from_hub_with_fallback")
+    )
     assert (decision.verdict, decision.shape if shape else None) == (verdict, shape), decision
 
 

@@ -3,8 +3,8 @@
 The kernels against transformers' own torch fallback run one sample at a time; a tiny Qwen3.5 and Qwen3.5-MoE with
 images through verl's ``apply_monkey_patch`` and its FSDP engine's ``forward_step``, packed, against each sample alone
 with the upstream layers; the patch off, the same comparison shows the mixing where upstream has it. SP = 2 against
-SP = 1 on two gloo ranks: ``test_qwen3_vl_vision_dp_ulysses`` (its Qwen3.5 has delta-net layers) and the negative
-control here.
+SP = 1 on two gloo ranks: ``tests/patches/qwen3_vl_vision_dp/test_ulysses.py`` (its Qwen3.5 has delta-net layers)
+and the negative control here.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def test_without_the_patch_sp2_is_wrong_or_refused():
     """The negative control of SP = 2: verl 0.8 starts each rank's recurrence from zero; verl 0.9 without FLA needs
     FLA's context-parallel kernel."""
     results = child_json(
-        HERE / "ulysses_actor.py", "qwen3_5", "mixed", "none",
+        "ulysses_actor.py", "qwen3_5", "mixed", "none",
         env={"VERL_QWEN3VL_PLUGIN_DISABLE": "qwen3_5_packed_delta_net"}, timeout=900,
     )  # fmt: skip
     for r in results:

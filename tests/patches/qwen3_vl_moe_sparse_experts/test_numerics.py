@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe
 
-from tests.helpers import judge, source_text
+from tests.helpers import decide_text, source_text
 from verl_qwen3vl_plugin import originals
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.replacement import sparse_experts_forward
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.selftest import (
@@ -26,7 +26,7 @@ from verl_qwen3vl_plugin.patches.qwen3_vl_moe_sparse_experts.spec import PATCH
 from verl_qwen3vl_plugin.registry import Verdict
 
 MODULE = modeling_qwen3_vl_moe.__name__
-VERDICT = judge(PATCH, PATCH.target(MODULE), source_text(MODULE)).verdict
+VERDICT = decide_text(PATCH, PATCH.target(MODULE), source_text(MODULE)).verdict
 pytestmark = pytest.mark.skipif(VERDICT is not Verdict.APPLY, reason="transformers 5's experts are sparse already")
 UPSTREAM = originals.original(modeling_qwen3_vl_moe.Qwen3VLMoeTextExperts, "forward")
 PATHS = {

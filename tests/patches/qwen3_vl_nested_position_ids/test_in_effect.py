@@ -9,7 +9,7 @@ import pytest
 import torch
 from verl.utils import tensordict_utils
 
-from tests.helpers import VERL, child_json, judge
+from tests.helpers import VERL, child_json, decide_text
 from verl_qwen3vl_plugin.environment import parse
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids.replacement import (
     canonical_micro_batches,
@@ -187,10 +187,10 @@ CALLER = "from verl.utils.tensordict_utils import maybe_fix_3d_position_ids\n\nc
 )
 def test_probe_knows_the_callers(text, verdict):
     target = next(t for t in PATCH.targets if t.module == "verl.workers.engine_workers")
-    assert judge(PATCH, target, text).verdict.value == verdict
+    assert decide_text(PATCH, target, text).verdict.value == verdict
 
 
 def test_a_caller_that_imports_the_function_is_judged_by_its_body():
     target = next(t for t in PATCH.targets if t.module == "verl.workers.engine_workers")
     expected = "apply" if VERL_FIX is not None else "unrecognized"
-    assert judge(PATCH, target, CALLER).verdict.value == expected
+    assert decide_text(PATCH, target, CALLER).verdict.value == expected

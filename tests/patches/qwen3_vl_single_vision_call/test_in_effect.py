@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import VERL, child_json, judge, last_json, run_child, source_text
+from tests.helpers import VERL, child_json, decide_text, last_json, run_child, source_text
 from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import selftest as vision_call
 from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import spec
 from verl_qwen3vl_plugin.registry import Verdict
@@ -34,7 +34,7 @@ KINDS = {"qwen3_vl": ["dense", "moe"], "qwen3_5": ["qwen3_5", "qwen3_5_moe"]}
 
 
 def verdict(source: str | None, family: str = "qwen3_vl") -> Verdict:
-    return judge(spec.PATCH, spec.PATCH.target(MODULES[family]), source).verdict
+    return decide_text(spec.PATCH, spec.PATCH.target(MODULES[family]), source).verdict
 
 
 def test_installed_verl_applies():

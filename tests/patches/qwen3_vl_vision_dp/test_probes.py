@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import child_json, judge, source_text
+from tests.helpers import child_json, decide_text, source_text
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL
 from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp import selftest as vision_dp
 from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp import spec
@@ -24,7 +24,7 @@ VERL_SOURCE = source_text("verl.models.transformers.monkey_patch")
 @pytest.mark.parametrize("target", spec.PATCH.targets, ids=lambda t: t.module.rsplit(".", 1)[-1])
 def test_installed_sources_apply(target):
     source = source_text(target.module)
-    decision = judge(spec.PATCH, target, source)
+    decision = decide_text(spec.PATCH, target, source)
     verdict, reason = decision.verdict, decision.reason
     if source is None:  # Qwen3.5 on transformers < 5.2
         assert verdict is Verdict.NOT_USED and "Qwen3.5" in reason, reason
@@ -50,7 +50,7 @@ def test_edited_vision_forward_is_unrecognized(edit, family):
     if not forward or edit[0] not in forward:
         pytest.skip(f"this transformers' {target.module} has no {edit[0]!r}")
     source = source.replace(forward, forward.replace(*edit, 1))
-    decision = judge(spec.PATCH, target, source)
+    decision = decide_text(spec.PATCH, target, source)
     assert decision.verdict is Verdict.UNRECOGNIZED, decision.reason
 
 
@@ -61,10 +61,10 @@ def test_verl_slicing_before_the_tower_is_unrecognized(family):
     call = f"{spec.VERL_SLICER}({family.line_prefix}"
     if call not in VERL_SOURCE:
         pytest.skip(f"this verl has no {family.line}")
-    assert spec.decide_verl(ast.parse(VERL_SOURCE), family).verdict is Verdict.APPLY
-    decision = spec.decide_verl(ast.parse(VERL_SOURCE.replace(call, f"print({family.line_prefix}")), family)
+    assert spec.probe_verl(ast.parse(VERL_SOURCE), family).verdict is Verdict.APPLY
+    decision = spec.probe_verl(ast.parse(VERL_SOURCE.replace(call, f"print({family.line_prefix}")), family)
     assert decision.verdict is Verdict.UNRECOGNIZED and family.line in decision.reason, decision
-    assert spec.decide_verl(None, family).verdict is Verdict.UNRECOGNIZED
+    assert spec.probe_verl(None, family).verdict is Verdict.UNRECOGNIZED
 
 
 def test_verls_own_opt_in_vision_dp_still_applies():
@@ -77,7 +77,7 @@ def test_verls_own_opt_in_vision_dp_still_applies():
     func = VERL_SOURCE.index("def apply_monkey_patch(")
     body = VERL_SOURCE.index(":\n", VERL_SOURCE.index(")", func)) + 1
     edited = VERL_SOURCE[:body] + own + VERL_SOURCE[body:]
-    assert spec.decide_verl(ast.parse(edited)).verdict is Verdict.APPLY
+    assert spec.probe_verl(ast.parse(edited)).verdict is Verdict.APPLY
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,11 @@ Qwen3.5 and Qwen3.5-MoE (verl >= 0.8, transformers >= 5.2) too.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.helpers import QWEN3_5_TRAINED, VERL, child_json
 from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import assign
 from verl_qwen3vl_plugin.selftest.tiny_models import VISION
-
-HERE = Path(__file__).parent  # this patch's child scripts
 
 CASES = {  # the child's cases, as patch counts per tower call (images, then videos)
     "mixed": [[24, 4, 64, 16]],
@@ -35,7 +31,7 @@ QWEN3_5_GRAD_RTOL = 1e-4
 
 def run(kind: str, cases: list[str], *args: str, env: dict[str, str] | None = None) -> list[dict]:
     """One pair of ranks for all ``cases`` (their start-up is most of the time): per rank, {case: result}."""
-    results = child_json(HERE / "ulysses_actor.py", kind, ",".join(cases), *args, env=env, timeout=900)
+    results = child_json("ulysses_actor.py", kind, ",".join(cases), *args, env=env, timeout=900)
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, errors[0]
     for r in results:

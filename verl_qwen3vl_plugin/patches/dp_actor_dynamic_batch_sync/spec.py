@@ -103,7 +103,7 @@ def _balancing() -> tuple[ast.FunctionDef, ast.FunctionDef] | Decision:
     return prepare, split
 
 
-def decide_balancing() -> Decision:
+def probe_balancing() -> Decision:
     """What verl 0.7's split does with ``dp_group=None``: the guarded shape (0.7.1) is the affected one. Every clause
     of every condition over the count's all-reduce must be a known one, and ``dp_group`` read nowhere else."""
     found = _balancing()
@@ -144,7 +144,7 @@ def _clauses(test: ast.expr) -> list[ast.expr]:
     return test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
 
 
-def decide_caller(module: str, tree: ast.Module) -> Decision:
+def probe_caller(module: str, tree: ast.Module) -> Decision:
     cls_name, methods = CALLERS[module]
     cls = syntax.find_class(tree, cls_name)
     imported = any(
@@ -157,7 +157,7 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     calls = [c for found in per_method for c in found]
     if cls is None or not imported or any(len(found) != 1 for found in per_method):
         return unrecognized(f"{cls_name} does not split batches as verl 0.7 does ({', '.join(methods)})")
-    balancing = decide_balancing()
+    balancing = probe_balancing()
     if balancing.verdict is Verdict.UNRECOGNIZED:
         return balancing
     if all(_passes_group(c, 2) for c in calls):
@@ -169,7 +169,7 @@ def decide_caller(module: str, tree: ast.Module) -> Decision:
     return balancing
 
 
-def decide_engine() -> Decision:
+def probe_engine() -> Decision:
     """verl >= 0.8, where the legacy modules are gone: every split of the FSDP engine must be given its DP group."""
     engine, utils = syntax.find_class(environment.tree(FSDP_ENGINE), "FSDPEngine"), environment.tree(ENGINE_UTILS)
     prepare = syntax.find_function(utils, "prepare_micro_batches")
@@ -203,6 +203,24 @@ def _apply(module: ModuleType, decision: Decision) -> None:
     originals.wrap(module, FUNCTION, with_default_group)
 
 
+DETAILS = """\
+**Seen.** The guard sits in `rearrange_micro_batches` (`verl/utils/seqlen_balancing.py`); verl 0.7.0 has none.
+`tests/patches/dp_actor_dynamic_batch_sync/test_probes.py` runs verl 0.7.1's real `DataParallelPPOActor` on two
+FSDP2 ranks on the CPU, large images on rank 0 and small ones on rank 1. With the patch disabled both ranks fail
+within the test's time bounds. verl's own `prepare_dynamic_batch` on two gloo ranks of different lengths makes
+`[2, 1]` micro-batches, the wrapper `[2, 2]`. Through the real actor both ranks make 2 in `compute_log_prob` and in
+`update_policy`, and the log-probs are within 1e-5 of fixed micro-batches.
+
+**Details of the change.** The wrapper passes `dist.group.WORLD` only when a process group is initialised and the
+caller passes no group. A caller that passes a group is left alone.
+
+**Upstream plan.** A backport of verl#5591's idea (the FSDP engine passes its DP group) to the 0.7.x release branch:
+`compute_log_prob` and `update_policy` in `verl/workers/actor/dp_actor.py`, and `compute_values` and `update_critic`
+in `verl/workers/critic/dp_critic.py`, pass `dp_group` to `prepare_dynamic_batch`. verl >= 0.8 needs nothing. PR
+title: `[fsdp] fix: agree on the dynamic micro-batch count across ranks in dp_actor and dp_critic`. The two-rank
+test would go to a `*_on_cpu.py` file beside verl's actor tests.
+"""
+
 PATCH = Patch(
     name="dp_actor_dynamic_batch_sync",
     title="one micro-batch count across ranks in verl 0.7.1's FSDP actor and critic",
@@ -210,9 +228,9 @@ PATCH = Patch(
     targets=tuple(
         Target(
             module=module,
-            decide=lambda tree, module=module: decide_caller(module, tree),
+            probe=lambda tree, module=module: probe_caller(module, tree),
             apply=_apply,
-            absent=decide_engine,
+            absent=probe_engine,
             reads=(SEQLEN_BALANCING, FSDP_ENGINE, ENGINE_UTILS),
             shapes=(PASSES_NO_DP_GROUP, SYNCS_OVER_DEFAULT_GROUP, PASSES_DP_GROUP, ENGINE_PASSES_DP_GROUP),
         )
@@ -229,4 +247,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6176", "verl#6178", "verl#5591"),
     remove_when="verl 0.7.1 is not among the verl releases you run (0.7.0 and 0.8+ agree on the count).",
+    details=DETAILS,
 )

@@ -79,7 +79,7 @@ def _unpermutes_with_top_k(experts_forward: ast.FunctionDef) -> bool:
     )
 
 
-def decide(tree: ast.Module) -> Decision:
+def probe(tree: ast.Module) -> Decision:
     block = syntax.find_function(syntax.find_class(tree, BLOCK), "forward")
     experts = syntax.find_function(syntax.find_class(tree, EXPERTS), "forward")
     if block is None or experts is None:
@@ -103,6 +103,25 @@ def _apply(module: ModuleType, decision: Decision) -> None:
     originals.replace(getattr(module, BLOCK), "forward", sparse_moe_block_forward)
 
 
+DETAILS = """\
+**Seen.** Nothing errors on the NPU: training Qwen3-VL-MoE (e.g. Qwen3-VL-30B-A3B) runs, with wrong expert weights.
+On verl 0.7.1 with transformers <= 4.57.3, verl's `apply_monkey_patch` also replaces this block's `forward` (its
+"4.57.3 bug" workaround), which happens to hide the mismatch. transformers 4.57.4 to 4.57.6, the vllm-ascend 0.13
+stack, expose it.
+
+**Tests.** `tests/patches/test_npu_qwen3_vl_moe.py` runs verl's real `npu_patch` on the CPU, over reference
+`torch_npu` ops written from the Ascend op documentation (`verl_qwen3vl_plugin/selftest/npu_reference.py`). Against
+transformers' block with the same weights, outputs and input and weight gradients agree within 1e-5 in training and
+eval, and so do a whole tiny Qwen3-VL-MoE's loss and gradients. Without the plugin the same test shows verl's bug.
+
+**Upstream plan.** verl#6131 removed the `if not self.training` guard, released in verl 0.8.0. What remains worth
+proposing is the test, which lets verl's CPU CI check the NPU block against transformers in training and eval:
+`[model, test] test: cover NPU Qwen3-VL-MoE sparse block against transformers in train and eval`, the reference ops
+as a test helper and the test in a `*_on_cpu.py` file beside verl's model tests. For a 0.7.x backport branch the fix
+itself would be `[model] fix: scatter NPU Qwen3-VL-MoE routing weights in training`, in
+`NPUQwen3VLMoeTextSparseMoeBlock.forward` (`verl/models/transformers/npu_patch.py`), with the same test.
+"""
+
 PATCH = Patch(
     name="npu_qwen3_vl_moe_routing",
     title="routing weights in training, Ascend Qwen3-VL-MoE",
@@ -110,7 +129,7 @@ PATCH = Patch(
     targets=(
         Target(
             module=NPU_PATCH,
-            decide=decide,
+            probe=probe,
             apply=_apply,
             shapes=(EVAL_ONLY_SCATTER, TOP_K_EXPERTS, ALWAYS_SCATTERS),
         ),
@@ -127,4 +146,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl 0.7.1 is no longer run on Ascend.",
+    details=DETAILS,
 )

@@ -52,7 +52,7 @@ def _grouped(node: ast.AST) -> bool:
     )
 
 
-def decide(tree: ast.Module) -> Decision:
+def probe(tree: ast.Module) -> Decision:
     forward = syntax.find_function(syntax.find_class(tree, EXPERTS), "forward")
     if forward is None or syntax.find_class(tree, GMM) is None:
         return unrecognized(f"no {EXPERTS}.forward or {GMM} in verl's npu_patch")
@@ -75,11 +75,24 @@ def _apply(module: ModuleType, decision: Decision) -> None:
     originals.wrap(getattr(module, EXPERTS), "forward", lambda verl_forward: grouped_eval_forward(verl_forward, gmm))
 
 
+DETAILS = """\
+**Details of the change.** Eval takes the top-k weights from the dense routing matrix that the block scatters in eval
+on every verl, so it works on verl 0.7.0 too, whose training path takes the top-k weights directly. Eval then runs
+the same ops as training. `tests/patches/test_npu_qwen3_vl_moe.py`, on the CPU reference `torch_npu` ops, finds the
+eval output bit-identical to training's and within 1e-5 of verl's dense eval. Measured times of the reference ops
+(not of Ascend): `docs/performance.md`.
+
+**Upstream plan.** verl#6131 touched this block's routing and left the dense eval. The change to propose is the
+`else` branch of `NPUQwen3VLMoeTextExperts.forward` in `verl/models/transformers/npu_patch.py`, as
+`[model, hardware] perf: grouped eval path for NPU Qwen3-VL-MoE experts`, with the CPU reference-op test in a
+`*_on_cpu.py` file beside verl's model tests.
+"""
+
 PATCH = Patch(
     name="npu_qwen3_vl_moe_sparse_eval",
     title="grouped eval for verl's Ascend Qwen3-VL-MoE experts",
     group=NPU,
-    targets=(Target(module=NPU_PATCH, decide=decide, apply=_apply, shapes=(DENSE_EVAL, GROUPED_IN_EVERY_MODE)),),
+    targets=(Target(module=NPU_PATCH, probe=probe, apply=_apply, shapes=(DENSE_EVAL, GROUPED_IN_EVERY_MODE)),),
     devices=("npu",),
     why=(
         "verl's Ascend Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl computes old "
@@ -92,4 +105,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131",),
     remove_when="verl's NPUQwen3VLMoeTextExperts.forward is grouped in eval.",
+    details=DETAILS,
 )

@@ -158,7 +158,7 @@ def _streams_as_stored(caller: ast.Module | None) -> Decision:
     return unrecognized("get_per_tensor_param builds its stream neither as verl 0.7/0.8 nor 0.9 do")
 
 
-def decide_utils(tree: ast.Module) -> Decision:
+def probe_utils(tree: ast.Module) -> Decision:
     func = syntax.find_function(tree, FUNCTION)
     if func is None:
         return _streams_as_stored(environment.tree(FSDP_ENGINE))
@@ -172,17 +172,17 @@ def decide_utils(tree: ast.Module) -> Decision:
     )
 
 
-def decide_caller(tree: ast.Module) -> Decision:
+def probe_caller(tree: ast.Module) -> Decision:
     method = _per_tensor_param(tree)
     if method is None or _stream_shape(method) != "unfused":
         return _streams_as_stored(tree)  # verl 0.7 / 0.8's stream, or nothing known
     utils = environment.tree(FSDP_ENGINE_UTILS)
     if syntax.find_function(utils, FUNCTION) is None:
         return unrecognized(f"get_per_tensor_param calls {FUNCTION}, which {FSDP_ENGINE_UTILS} lacks")
-    return decide_utils(utils)
+    return probe_utils(utils)
 
 
-def decide_shard_export(tree: ast.Module) -> Decision:
+def probe_shard_export(tree: ast.Module) -> Decision:
     engine = syntax.find_class(tree, ENGINE)
     if engine is None:
         return unrecognized(f"no {ENGINE} in {FSDP_ENGINE}")
@@ -209,6 +209,40 @@ def _apply(module: ModuleType, decision: Decision) -> None:
         originals.wrap(module, FUNCTION, layout_aware)
 
 
+DETAILS = """\
+**Seen.** For Qwen3-VL-30B-A3B (hidden 2048, expert intermediate 768) `gate_proj` arrives as (1024, 1536) instead of
+(768, 2048), so the first sync fails. Checkpoints still load into verl's NPU block, because transformers 5's
+`Transpose(check_dims=True)` conversion skips the transpose when the shapes already match.
+`tests/patches/test_npu_qwen3_vl_moe.py` runs verl 0.9.1's real `FSDPEngine.get_per_tensor_param` on the CPU with
+transformers 5.10.4. Without the plugin the per-expert tensors are wrong in shape at hidden 32 and intermediate 24, and
+in value at intermediate 16. With it, each tensor sent is `torch.equal` to what verl sends for transformers 5's own
+model with the same weights.
+
+**Details of the change.** The transpose is a view, nothing copied. It happens when the model type is `qwen3_vl_moe`
+and transformers' module builds verl's NPU block, which `apply_npu_patches()` swaps in for every model of the
+process. The doctor reports the shard export as unrecognized on Ascend: use the full weight sync there.
+
+**verl 0.8.** Its wheel sends the packed tensors as stored, which for verl's NPU block is the checkpoint layout vLLM's
+Qwen3-VL-MoE loader reads, so the Ascend sync is not mis-split. The release/v0.8.0 branch (after the 0.8.0 wheel, not
+on PyPI) backports verl#6896 as verl#6923: `_iter_vllm_compatible_moe_params` in
+`verl/workers/rollout/vllm_rollout/vllm_rollout.py`, applied in `ServerAdapter.update_weights` for vLLM <= 0.24.0,
+splits with the same `chunk(2, dim=1)`. A build from that branch has the same Ascend bug, which the plugin does not
+patch: a release from it would need a third target.
+
+**verl's NPU block against transformers 5's.** On the CPU reference ops (verl 0.8.0 with transformers 5.3.0, verl
+0.9.1 with 5.10.4) outputs and gradients agree within 1e-5, the tests mapping the layout with `npu_layout`
+(`verl_qwen3vl_plugin/selftest/moe_blocks.py`). Two differences are left alone. transformers 5.3.0 keeps the
+renormalised top-k weights in fp32 where verl's block casts them to the logits' dtype (in bf16 up to 0.016 apart in
+one block; 5.10.4 casts as verl does). verl's block has no `Qwen3VLMoeTextTopKRouter`, so `output_router_logits=True`
+fails, which verl never passes.
+
+**Upstream plan.** `unfuse_moe_params` in `verl/workers/engine/fsdp/utils.py` would take the layout from the module
+that holds each tensor, or verl's NPU experts would store transformers 5's layout under transformers 5. verl's NPU
+maintainers should check which. PR title:
+`[fsdp, hardware] fix: unfuse NPU Qwen3-VL-MoE experts by their own layout in weight sync`. The test (verl's real
+`get_per_tensor_param` on the CPU reference ops) would go to a `*_on_cpu.py` file beside verl's engine tests.
+"""
+
 PATCH = Patch(
     name="npu_qwen3_vl_moe_weight_sync",
     title="Ascend Qwen3-VL-MoE experts split by their own layout in the weight sync",
@@ -216,21 +250,21 @@ PATCH = Patch(
     targets=(
         Target(
             module=FSDP_ENGINE_UTILS,
-            decide=decide_utils,
+            probe=probe_utils,
             apply=_apply,
             reads=(FSDP_ENGINE, NPU_PATCH),
             shapes=(SPLITS_TF5_LAYOUT, SENDS_AS_STORED, NPU_EXPERTS_TF5_LAYOUT),
         ),
         Target(
             module=FSDP_ENGINE,
-            decide=decide_caller,
+            probe=probe_caller,
             apply=_apply,
             reads=(FSDP_ENGINE_UTILS, NPU_PATCH),
             shapes=(SPLITS_TF5_LAYOUT, SENDS_AS_STORED, NPU_EXPERTS_TF5_LAYOUT),
         ),
         Target(
             module=FSDP_ENGINE,
-            decide=decide_shard_export,
+            probe=probe_shard_export,
             apply=None,
             name=f"{ENGINE}.{SHARD_EXPORT}",
             reads=(NPU_PATCH,),
@@ -249,4 +283,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6896", "verl#6923"),
     remove_when="verl's NPU Qwen3-VL-MoE block stores transformers 5's expert layout, or its weight sync reads it.",
+    details=DETAILS,
 )

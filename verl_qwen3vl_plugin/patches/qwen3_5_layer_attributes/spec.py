@@ -150,7 +150,7 @@ def _reading_no_old_name(verl: ast.Module) -> Decision:
     )
 
 
-def decide(tree: ast.Module, family: Family) -> Decision:
+def probe(tree: ast.Module, family: Family) -> Decision:
     verl = environment.source_of(QWEN3_5.verl_forward)
     if verl.tree is None:
         if verl.missing:
@@ -192,7 +192,7 @@ def _target(family: Family) -> Target:
 
     return Target(
         module=family.modeling,
-        decide=lambda tree: decide(tree, family),
+        probe=lambda tree: probe(tree, family),
         apply=apply,
         absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
         reads=(QWEN3_5.verl_forward,),
@@ -213,6 +213,26 @@ def _target(family: Family) -> Target:
     )
 
 
+DETAILS = """\
+**Seen.** verl 0.9.x users who moved transformers past verl's pin for Qwen3.5 report the AttributeError. The same
+rename broke axolotl's Qwen3.5 patch (axolotl#3972) and Trinity-RFT's (Trinity-RFT#612).
+`tests/patches/qwen3_5_layer_attributes/test_probes.py` runs verl's own layer forwards on a tiny Qwen3.5. On
+transformers >= 5.13 (the `forward` nox session) the run without the patch dies of that AttributeError, and the run
+with it gives what transformers' own forwards give.
+
+**Why attributes and not new forwards.** Restoring the attribute contract leaves verl's forwards as their authors
+wrote them, with their FLA and context-parallel path, and `qwen3_5_packed_delta_net` still wraps them. A kernel
+dispatcher whose closure lacks `implementation` and `torch_function` is refused with a `RuntimeError` when the target
+is imported. The patch's status is then `failed`, with a WARNING, and nothing is guessed.
+
+**Upstream plan.** verl#7471 moves verl 0.10 to helpers that resolve the kernels. For the 0.9.x release branch, the
+change to `verl/models/transformers/qwen3_5.py` is small: `qwen3_5_decoder_layer_forward` reads `block_type` where
+`layer_type` is absent, and `qwen3_5_gated_delta_net_forward` and `_packed_chunk_gated_delta_rule` take the kernels
+from the modeling module's functions on transformers >= 5.16. PR title:
+`[model] fix: Qwen3.5 layer forwards on transformers >= 5.13 (block_type, module-level delta-net kernels)`. Its test
+would be a `*_on_cpu.py` file beside verl's model tests, run on a transformers >= 5.16 job.
+"""
+
 PATCH = Patch(
     name="qwen3_5_layer_attributes",
     title="verl 0.9's Qwen3.5 layer forwards on transformers >= 5.13: the attributes they read",
@@ -232,4 +252,5 @@ PATCH = Patch(
     upstream=("verl#7471",),
     remove_when="the verl you run with Qwen3.5 reads transformers' new names (verl#7471), or you keep transformers "
     "below 5.13 (verl 0.9.1's pin is < 5.11).",
+    details=DETAILS,
 )

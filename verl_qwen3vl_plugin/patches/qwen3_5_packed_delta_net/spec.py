@@ -92,7 +92,7 @@ def _fallback_takes_kwargs() -> bool | None:
     return None if func is None else func.args.kwarg is not None
 
 
-def decide_verl(tree: ast.Module) -> Decision:
+def probe_verl(tree: ast.Module) -> Decision:
     func = syntax.find_function(tree, FUNCTION)
     if func is None:
         if syntax.find_function(tree, "qwen3_5_base_forward") is not None:
@@ -137,7 +137,7 @@ def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
     return {k.arg for k in calls[0].keywords} if len(calls) == 1 else None
 
 
-def decide_transformers(tree: ast.Module, family: Family) -> Decision:
+def probe_transformers(tree: ast.Module, family: Family) -> Decision:
     verl = environment.source_of(QWEN3_5.verl_forward)
     if verl.tree is None:
         if verl.missing:
@@ -192,7 +192,7 @@ def _transformers_target(family: Family) -> Target:
 
     return Target(
         module=family.modeling,
-        decide=lambda tree: decide_transformers(tree, family),
+        probe=lambda tree: probe_transformers(tree, family),
         apply=apply,
         absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
         reads=(QWEN3_5.verl_forward, MONKEY_PATCH),
@@ -203,6 +203,42 @@ def _transformers_target(family: Family) -> Target:
     )
 
 
+DETAILS = """\
+**Where it bites.** verl's `use_remove_padding=True`, its default and what its Qwen3.5 FSDP examples set, packs each
+micro-batch into one row. verl 0.9.1's `[vllm]` extra pins transformers 5.9.0, whose torch fallback ignores the
+boundaries. Under Ulysses SP verl 0.8.0 slices the sequence, so each rank's recurrence starts from zero mid-sequence
+(verl #5762, #6486); verl 0.9.0 keeps the state across ranks only with FLA's context-parallel kernel (verl#6660).
+Nothing says the log-probs are wrong. With the patch off, packed against each sample alone through verl's FSDP
+engine, they differ by 0.15 (Qwen3.5) and 0.09 (Qwen3.5-MoE) on verl 0.8.0 with transformers 5.3.0, and by 0.47 and
+0.21 on verl 0.9.1 with transformers 5.10.4 (measured with `tests/patches/qwen3_5_packed_delta_net/test_numerics.py`,
+which asserts more than 1e-2).
+
+**Details of the change.** The layout of a packing is built once and shared by every layer
+of the forward. The solve inside a chunk is a block inverse made of matmuls only, the same code on every device. On
+verl 0.8 under SP, the group's packed position ids are all-gathered once per forward to find the boundaries. Under
+Ulysses each rank runs whole sequences on its heads with its slice of the convolution weight, `A_log` and `dt_bias`,
+the exchange done by verl's `gather_seq_scatter_heads`. On verl 0.8 with FLA, the layer's FLA kernel is given the
+boundaries verl never passed. On an H200 the varlen path is 4.7x to 6.6x faster than
+verl's per-sample loop, and level with it on one CPU thread (`docs/performance.md`).
+
+**Tests.** `tests/patches/qwen3_5_packed_delta_net/test_numerics.py` compares the kernels with transformers' fallback
+run one sample at a time (lengths 0, 1, 20, 37, 64, 65, 90 and 130, fp32 and bf16, forward and gradients). It runs
+both tiny models through verl's engine packed against alone, with the patch off as the control, checks that packing
+order does not matter, and runs the Ascend path on the CPU reference `torch_npu` ops. SP = 2 against SP = 1 on two
+gloo ranks is in `tests/patches/qwen3_vl_vision_dp/test_ulysses.py`, whose Qwen3.5 has delta-net layers. FLA itself
+is not run (no CPU build): its call is checked with a stand-in that records the boundaries.
+
+**Upstream plan.** `verl_qwen3vl_plugin/patches/qwen3_5_packed_delta_net/delta_net_varlen.py` would become a new
+module under `verl/models/transformers/`, or transformers' `torch_chunk_gated_delta_rule` would honour `cu_seqlens`.
+In `verl/models/transformers/qwen3_5.py`, `qwen3_5_gated_delta_net_forward` would run the varlen path without FLA,
+and the head exchange under Ulysses instead of raising `NotImplementedError`. `_packed_chunk_gated_delta_rule` would
+check that the rule honours `cu_seqlens` (FLA's does, transformers' fallback does not) rather than that it accepts
+the keyword. `boundary_decoder_forward` is not needed on verl >= 0.9, whose decoder layer passes `cu_seqlens`. PR
+title: `[model] fix: keep packed Qwen3.5 samples apart in the gated delta-net torch path, and run it under Ulysses
+without FLA`. The kernel tests would move as they are to a `*_on_cpu.py` file beside verl's model tests, with the
+numbers of `benchmarks/delta_net_varlen.py` and `benchmarks/gpu_delta_net.py` attached.
+"""
+
 PATCH = Patch(
     name="qwen3_5_packed_delta_net",
     title="packed Qwen3.5 samples kept apart in the gated delta-net layers, Ulysses SP without FLA",
@@ -210,7 +246,7 @@ PATCH = Patch(
     targets=(
         Target(
             module=QWEN3_5.verl_forward,
-            decide=decide_verl,
+            probe=probe_verl,
             apply=_apply_verl,
             absent=not_used_when_absent(NO_VERL_QWEN3_5, QWEN3_5.missing("verl")),
             shapes=(
@@ -240,4 +276,5 @@ PATCH = Patch(
     upstream=("verl#6660", "verl#5762", "verl#6486"),
     remove_when="verl hands the boundaries to every delta rule that honours them and runs Ulysses without FLA, in the "
     "oldest verl you run with Qwen3.5.",
+    details=DETAILS,
 )

@@ -26,6 +26,8 @@ import torch
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import layout, rollout_record, routes
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.session import (
+    R3Record,
+    Rows,
     Session,
     checked,
     current,
@@ -67,10 +69,10 @@ def _session(actor, data, phase: str, mode: str) -> Session:
     def r3():
         mask = data.batch["attention_mask"]
         loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), mask.shape[1])
-        return routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask)
+        return R3Record(routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask))
 
     def rows():
-        return record, tuple(data.batch["input_ids"].shape)
+        return Rows(record, tuple(data.batch["input_ids"].shape))
 
     return Session(phase, slots, checked(phase, mode, slots, record is not None, rows, r3), len(data))
 

@@ -24,6 +24,8 @@ import torch
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import layout, rollout_record, routes
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.session import (
+    R3Record,
+    Rows,
     Session,
     checked,
     current,
@@ -41,7 +43,7 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
             raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
         if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
             raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
-        return record.values(), (ids.values().shape[0],)
+        return Rows(record.values(), (ids.values().shape[0],))
 
     def r3():
         lengths = ids.offsets().diff()
@@ -59,7 +61,7 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
             loss = data.get("loss_mask", None)
             loss_mask = rollout_record.nested_loss_mask(loss, lengths) if loss is not None and loss.is_nested else None
             last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
-        return rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route
+        return R3Record(rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route)
 
     return checked(phase, mode, slots, record is not None, rows, r3)
 

@@ -12,17 +12,28 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import rollout_record, routes
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import KEY
 
-# R3's view of the rollout's record for its check: (which pairs have a route, the attention mask, the loss mask,
-# which samples may carry a route on their last token)
-R3View = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]]
-# The record's token rows and the shape they must have, once the path checked its layout
-RowsView = Callable[[], tuple[torch.Tensor, tuple[int, ...]]]
+
+class Rows(NamedTuple):
+    """The record's token rows, once the path checked its layout, and the shape they must have."""
+
+    record: torch.Tensor
+    shape: tuple[int, ...]
+
+
+class R3Record(NamedTuple):
+    """R3's view of the rollout's record, padded as verl's actor pads its batch, for the fit check."""
+
+    routed: torch.Tensor  # which (token, layer) pairs have a route
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor | None
+    last_may_route: torch.Tensor  # which samples may carry a route on their last token
 
 
 class Session:
@@ -42,7 +53,9 @@ class Session:
         return out
 
 
-def checked(phase: str, mode: str, slots: dict, present: bool, rows: RowsView, r3: R3View) -> float | None:
+def checked(
+    phase: str, mode: str, slots: dict, present: bool, rows: Callable[[], Rows], r3: Callable[[], R3Record]
+) -> float | None:
     """The batch's record checked as both paths check it: ``present`` where the phase needs it, then its layout and
     token rows (``rows``: the rows and the shape they must have, after the path's own layout checks), every MoE
     layer's top-k, and for R3 its fit to each sample (``r3``). Returns R3's fallback share
@@ -50,11 +63,13 @@ def checked(phase: str, mode: str, slots: dict, present: bool, rows: RowsView, r
     routes.check_present(phase, mode, present)
     if not present:
         return None
-    routes.check_record(*rows(), slots, f"the batch's {KEY}")
+    found = rows()
+    routes.check_record(found.record, found.shape, slots, f"the batch's {KEY}")
     if mode != "R3":
         return None
-    routed, attention_mask, loss_mask, last_may_route = r3()
-    return rollout_record.check(routed, attention_mask, loss_mask, next(iter(slots)).top_k, last_may_route)
+    view = r3()
+    top_k = next(iter(slots)).top_k
+    return rollout_record.check(view.routed, view.attention_mask, view.loss_mask, top_k, view.last_may_route)
 
 
 _sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> its running Session

@@ -125,7 +125,7 @@ def _routes_itself(forward: ast.FunctionDef | None, returns: int) -> bool:
     )
 
 
-def decide_sparse_block(tree: ast.Module) -> Decision:
+def probe_sparse_block(tree: ast.Module) -> Decision:
     forward = _forward(tree, BLOCK)
     if _routes_itself(forward, 2):
         return BLOCK_ROUTES.decision(f"{BLOCK} routes its tokens itself (transformers 4.57)")
@@ -151,7 +151,7 @@ def returns_probabilities(forward: ast.FunctionDef) -> bool:
     )
 
 
-def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
+def probe_top_k_router(tree: ast.Module, router: str) -> Decision:
     forward = _forward(tree, router)
     if forward is None:
         return unrecognized(f"no {router}.forward")
@@ -169,17 +169,17 @@ def decide_top_k_router(tree: ast.Module, router: str) -> Decision:
     return RETURNS_LOGITS.decision(f"{router} returns (logits, top-k weights, top-k ids)")
 
 
-def decide_qwen3_vl_router(tree: ast.Module) -> Decision:
+def probe_qwen3_vl_router(tree: ast.Module) -> Decision:
     """transformers 4.57 has no top-k router: its sparse block routes, and the sparse block target acts there."""
     if syntax.find_class(tree, ROUTER) is None and _routes_itself(_forward(tree, BLOCK), 2):
         return NO_TOP_K_ROUTER.decision(f"no {ROUTER}: {BLOCK} routes (transformers 4.57)")
-    return decide_top_k_router(tree, ROUTER)
+    return probe_top_k_router(tree, ROUTER)
 
 
-def decide_npu_block(tree: ast.Module) -> Decision:
+def probe_npu_block(tree: ast.Module) -> Decision:
     """verl's block routes itself, and its routing and experts are one of the known releases' (the routing patch's
     probe): replay hands its experts the weights in the form they read, dense or top-k (0.7.0's training path)."""
-    known = npu_routing.decide(tree)
+    known = npu_routing.probe(tree)
     if known.verdict is Verdict.UNRECOGNIZED:
         return known
     if not _routes_itself(_forward(tree, NPU_BLOCK), 1):
@@ -195,7 +195,7 @@ def _selects(func: ast.FunctionDef | None) -> bool:
     return func is not None and syntax.parameters(func)[:2] == ["self", "data"] and syntax.calls(func, "select")
 
 
-def decide_actor(tree: ast.Module) -> Decision:
+def probe_actor(tree: ast.Module) -> Decision:
     cls = syntax.find_class(tree, ACTOR)
     step = syntax.find_function(cls, "_forward_micro_batch")
     if step is None or syntax.parameters(step)[:2] != ["self", "micro_batch"]:
@@ -211,7 +211,7 @@ def decide_actor(tree: ast.Module) -> Decision:
     return ACTOR_WITHOUT_REPLAY.decision(f"{ACTOR} drops routed_experts and never reads router_replay")
 
 
-def decide_worker(tree: ast.Module) -> Decision:
+def probe_worker(tree: ast.Module) -> Decision:
     cls = syntax.find_class(tree, WORKER)
     method = syntax.find_function(cls, "compute_log_prob")
     if method is None or syntax.parameters(method) != ["self", "data"]:
@@ -232,7 +232,7 @@ def _sets_pad_size(func: ast.FunctionDef) -> bool:
     )
 
 
-def decide_engine(tree: ast.Module | None) -> Decision:
+def probe_engine(tree: ast.Module | None) -> Decision:
     base, lm = syntax.find_class(tree, ENGINE_CLASS), syntax.find_class(tree, ENGINE_LM_CLASS)
     batch = syntax.find_function(base, "forward_backward_batch")
     inputs = syntax.find_function(lm, "prepare_model_inputs")
@@ -326,11 +326,52 @@ def _apply_engine(module: ModuleType, decision: Decision) -> None:
 
 def legacy_gone() -> Decision:
     """No legacy actor module: verl >= 0.8, whose FSDP runs train through the engine, if the engine is the known one."""
-    engine = decide_engine(environment.tree(FSDP_ENGINE))
+    engine = probe_engine(environment.tree(FSDP_ENGINE))
     if engine.verdict is not Verdict.APPLY:
         return unrecognized(f"no legacy FSDP actor, and {engine.reason}")
     return NO_LEGACY_ACTOR.decision("no legacy FSDP actor (verl >= 0.8): the FSDP engine target acts")
 
+
+DETAILS = """\
+**Where verl stands.** verl has the rollout half of R3 (`rollout.enable_rollout_routing_replay`: vLLM returns
+`routed_experts`, the agent loop puts them on the batch). On FSDP, verl 0.8 and 0.9's worker forces
+`router_replay.mode` to `disabled`, and verl 0.7's `DataParallelPPOActor` drops `routed_experts` with its key
+selection.
+
+**Turning it on.** On verl 0.7.x set `actor_rollout_ref.actor.router_replay.mode=R3` (or `R2`). On verl 0.8.0 to
+0.9.1 set `+actor_rollout_ref.actor.fsdp_config.router_replay.mode=R3`, with the `+` because the FSDP engine's YAML
+does not declare the group (its config class has it). R3 also needs the rollout's record,
+`actor_rollout_ref.rollout.enable_rollout_routing_replay=True`; the doctor's `rollout side:` line says whether the
+installed engine records routes. R2 needs nothing from the rollout and must not have it, or the batch would hold two
+records.
+
+**Errors, never a silent fallback.** A `ReplayError` (a `ValueError`) names what is wrong: R3 without
+`routed_experts` on the batch, R2 with the rollout's record on it, a record of the wrong shape, dtype or expert ids,
+an unknown mode, a model with no router the plugin patched (or one replaced after it, as verl's `apply_monkey_patch`
+does on transformers <= 4.57.3), verl 0.7's prefix grouper, or `use_remove_padding=False`.
+
+**R3's record check.** Before it replays, R3 checks that the rollout's record lines up with each sample's tokens
+(`verl_qwen3vl_plugin/patches/qwen3_vl_moe_routing_replay/rollout_record.py`). A record that does not fit raises,
+naming the sample. The usual cause is an engine that expanded an image or video into another number of placeholder
+tokens than the HF processor (`min_pixels`, `max_pixels`, video settings). The share of (token, layer) pairs without
+a route is `routing_replay/fallback_fraction` in verl's metrics. Above `VERL_QWEN3VL_PLUGIN_R3_MAX_FALLBACK` (default
+0.01) it raises, naming the known causes: vLLM 0.22 to 0.26 with monolithic MoE kernels (vLLM #44116, #54730) and
+vllm-ascend 0.26.0rc1 (vllm-ascend #16314). With top_k 1 the check is skipped.
+
+**Tests.** `tests/patches/qwen3_vl_moe_routing_replay/` runs verl's actor (0.7) and engine (>= 0.8) on every CI
+stack, on a tiny Qwen3-VL-MoE and a tiny Qwen3.5-MoE, with checkpoint recompute, dynamic batching, SP = 2 and two
+FSDP2 ranks with different data. Replay off is bit-identical to the plugin without this patch. The rollout half does
+not run on the CPU, so the tests build the record as verl's agent loop packs it. Measured mismatch and overhead:
+`docs/performance.md`.
+
+**Upstream plan.** verl#4443 (open) is the FSDP proposal to review. `routes.py` and `session.py` would become a new
+module beside `verl/utils/veomni/router_replay.py`, and `routers.py` would go into the Qwen3-VL-MoE branch of
+`verl/models/transformers/monkey_patch.py` and the NPU block in `npu_patch.py`. `engine.py` maps onto
+`forward_backward_batch`, `prepare_model_inputs` and `prepare_model_outputs` in
+`verl/workers/engine/fsdp/transformer_impl.py`, with `engine_workers.py` reading `router_replay.mode` for `fsdp`
+and `fsdp2` too. `dp_actor.py` maps onto `verl/workers/actor/dp_actor.py` and `fsdp_workers.py` on the release/v0.7
+branch. The tests would go to `*_on_cpu.py` files beside verl's engine tests.
+"""
 
 PATCH = Patch(
     name="qwen3_vl_moe_routing_replay",
@@ -339,21 +380,21 @@ PATCH = Patch(
     targets=(
         Target(
             module=QWEN3_VL_MOE.modeling,
-            decide=decide_sparse_block,
+            probe=probe_sparse_block,
             apply=_apply_sparse_block,
             name=f"{BLOCK}.forward",
             shapes=(BLOCK_ROUTES, BLOCK_TAKES_ROUTER_ROUTES),
         ),
         Target(
             module=QWEN3_VL_MOE.modeling,
-            decide=decide_qwen3_vl_router,
+            probe=probe_qwen3_vl_router,
             apply=_apply_router(ROUTER),
             name=f"{ROUTER}.forward",
             shapes=(NO_TOP_K_ROUTER, RETURNS_PROBABILITIES, RETURNS_LOGITS),
         ),
         Target(
             module=QWEN3_5_MOE.modeling,
-            decide=lambda tree: decide_top_k_router(tree, QWEN3_5_ROUTER),
+            probe=lambda tree: probe_top_k_router(tree, QWEN3_5_ROUTER),
             apply=_apply_router(QWEN3_5_ROUTER),
             absent=not_used_when_absent(absent_family(QWEN3_5_MOE), QWEN3_5_MOE.missing("transformers")),
             name=f"{QWEN3_5_ROUTER}.forward",
@@ -364,14 +405,14 @@ PATCH = Patch(
         ),
         Target(
             module=NPU_PATCH,
-            decide=decide_npu_block,
+            probe=probe_npu_block,
             apply=_apply_npu,
             name=f"{NPU_BLOCK}.forward",
             shapes=tuple(NPU_BLOCK_ROUTES.values()),
         ),
         Target(
             module=DP_ACTOR,
-            decide=decide_actor,
+            probe=probe_actor,
             apply=_apply_actor,
             absent=legacy_gone,
             reads=(FSDP_ENGINE,),
@@ -379,14 +420,14 @@ PATCH = Patch(
         ),
         Target(
             module=FSDP_WORKERS,
-            decide=decide_worker,
+            probe=probe_worker,
             apply=_apply_worker,
             absent=legacy_gone,
             name=f"{WORKER}.compute_log_prob",
             reads=(FSDP_ENGINE,),
             shapes=(WORKER_LOG_PROBS_ONLY, NO_LEGACY_ACTOR),
         ),
-        Target(module=FSDP_ENGINE, decide=decide_engine, apply=_apply_engine, shapes=(ENGINE_WITHOUT_REPLAY,)),
+        Target(module=FSDP_ENGINE, probe=probe_engine, apply=_apply_engine, shapes=(ENGINE_WITHOUT_REPLAY,)),
     ),
     why=(
         "MoE RL trains on routes the rollout never took: about 10% of Qwen3-30B-A3B's router decisions differ "
@@ -405,4 +446,5 @@ PATCH = Patch(
     upstream=("verl#5392", "verl#2996", "verl#4443"),
     remove_when="verl's FSDP engine honours `router_replay.mode` for `qwen3_vl_moe` and `qwen3_5_moe` (verl#4443 or a "
     "successor) in the oldest verl you run, and verl 0.7 is not among them.",
+    details=DETAILS,
 )

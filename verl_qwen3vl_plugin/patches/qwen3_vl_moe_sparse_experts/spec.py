@@ -65,7 +65,7 @@ def _imports_decorator(tree: ast.Module) -> bool:
 BLOCK = "Qwen3VLMoeTextSparseMoeBlock"
 
 
-def decide(tree: ast.Module) -> Decision:
+def probe(tree: ast.Module) -> Decision:
     cls = syntax.find_class(tree, EXPERTS)
     forward = syntax.find_function(cls, "forward")
     if cls is None or forward is None:
@@ -101,12 +101,35 @@ def _apply(module: ModuleType, decision: Decision) -> None:
     originals.replace(getattr(module, EXPERTS), "forward", sparse_experts_forward)
 
 
+DETAILS = """\
+**Seen.** verl computes old and reference log-probs in eval mode (verl 0.7's `DataParallelPPOActor.compute_log_prob`
+calls `.eval()`, verl 0.9's engine has `eval_mode`). Because the two modes run different kernels, the recomputed "old"
+log-probs differ from the training forward's even on-policy. Through verl 0.7.1's own actor on a tiny model with an
+image, in bf16, they differed by up to 0.031 without the plugin (0 in fp32 at that size). FLOPs and measured times of
+the dense and sparse paths: `docs/performance.md`.
+
+**Details of the change.** Through verl's actor, `compute_log_prob` and the training forward of `update_policy` give
+identical log-probs with the plugin, so the on-policy ratio is exactly 1, in fp32 and bf16
+(`tests/patches/qwen3_vl_moe_sparse_experts/test_actor.py`). The parameters keep their layout, so FSDP2 sharding,
+checkpoints and the weight sync are untouched. `tests/patches/qwen3_vl_moe_sparse_experts/test_numerics.py` checks
+both paths, the grouped GEMM and the forced fallback, against transformers' loop (training) and dense path (eval):
+outputs and the input, routing-weight and parameter gradients in fp32, and bf16 against the fp32 reference.
+`tests/patches/qwen3_vl_moe_sparse_experts/test_gate.py` checks where `torch._grouped_mm` is used.
+
+**Upstream plan.** transformers#42697 (batched and grouped experts implementations, transformers 5) is the anchor:
+this is its grouped path for 4.57's layout. It could go into a transformers 4.57.x patch release as
+`Qwen3VLMoeTextExperts.forward`, or into the Qwen3-VL-MoE branch of verl's `apply_monkey_patch` for stacks on 4.57,
+or stay here. PR title: `[model] perf: grouped-GEMM Qwen3-VL-MoE experts in train and eval for transformers 4.57`.
+The numeric tests would run against the in-tree forward, and the actor test would go to a `*_on_cpu.py` file beside
+verl's actor tests.
+"""
+
 PATCH = Patch(
     name="qwen3_vl_moe_sparse_experts",
     title="grouped Qwen3-VL-MoE experts in training and eval (transformers 4.57.x)",
     group=MODEL,
     targets=(
-        Target(module=QWEN3_VL_MOE.modeling, decide=decide, apply=_apply, shapes=(DENSE_EVAL, EXPERTS_IMPLEMENTATION)),
+        Target(module=QWEN3_VL_MOE.modeling, probe=probe, apply=_apply, shapes=(DENSE_EVAL, EXPERTS_IMPLEMENTATION)),
     ),
     why=(
         "transformers 4.57's Qwen3-VL-MoE experts run every expert on every token in eval, which is how verl "
@@ -120,5 +143,6 @@ PATCH = Patch(
     ),
     upstream=("transformers#42697",),
     remove_when="transformers >= 5 (sparse experts_implementation) is the oldest transformers Qwen3-VL-MoE runs on.",
+    details=DETAILS,
     dormant=replaced_on_npu,
 )

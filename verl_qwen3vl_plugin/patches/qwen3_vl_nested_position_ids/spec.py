@@ -102,14 +102,14 @@ def probe_function(tree: ast.Module | None) -> Decision:
 
 
 def caller_probe(caller: str) -> Callable[[ast.Module], Decision]:
-    def decide(tree: ast.Module) -> Decision:
+    def probe(tree: ast.Module) -> Decision:
         if _imports_function(tree):
             return probe_function(environment.tree(TENSORDICT_UTILS))
         if syntax.find_class(tree, CALLERS[caller]) is not None and not syntax.mentions(tree, FUNCTION):
             return NO_3D_POSITION_FIX.decision(f"{CALLERS[caller]} never calls {FUNCTION} (verl 0.7.0)")
         return unrecognized(f"{caller} neither imports {FUNCTION} nor has verl 0.7.0's shape")
 
-    return decide
+    return probe
 
 
 def _split_rebuild(tree: ast.Module | None) -> str | None:
@@ -141,7 +141,7 @@ def _binds_micro_batches(tree: ast.Module) -> bool:
     ) and syntax.calls(tree, MICRO_BATCHES)
 
 
-def decide_engine(tree: ast.Module) -> Decision:
+def probe_engine(tree: ast.Module) -> Decision:
     """The FSDP engine's micro-batches: the callers' fix runs before the split, so the split must keep the layout."""
     if not _binds_micro_batches(tree):
         return unrecognized(f"{FSDP_ENGINE} does not import and call {MICRO_BATCHES} from verl's engine utils")
@@ -177,6 +177,25 @@ def _apply(module: ModuleType, decision: Decision) -> None:
     originals.replace(module, FUNCTION, maybe_fix_3d_position_ids)
 
 
+DETAILS = """\
+**The failure, as users see it.** The engine fails with `split_with_sizes expects split_sizes to sum exactly to ...
+got [4, 4, 4, 4]`, or, with padding removal, a rotary shape mismatch such as `The size of tensor a (300) must match
+the size of tensor b (8)`. The end-to-end run (`nox -s e2e`) found it, crashing on its first update step without the
+patch. Where verl 0.7.1's split rope-packs a micro-batch again, the engine reads its values as `(8, seq)` instead of
+`(4, 2 * seq)`.
+
+**Details of the change.** A rope-packed tensor is rebuilt and written back, even into a locked, consolidated
+TensorDict. A sequence-packed one whose index a pickle round trip reset gets its index set to 2 in place, as verl
+does. `tests/patches/qwen3_vl_nested_position_ids/test_in_effect.py` runs verl's own function and verl's own split
+against the plugin's on every stack, on samples packed as TransferQueue packs them.
+
+**Upstream plan.** verl#7899 reports that an equal-length batch crashes the V1 trainer. verl#7901 (open) proposes the
+same validating rebuild in place of the blind relabel in `maybe_fix_3d_position_ids`
+(`verl/utils/tensordict_utils.py`), and write sites that build the right layout. Review verl#7901, or send
+`sequence_ragged` as `[trainer] fix: rebuild rope-packed 3D position_ids in maybe_fix_3d_position_ids`. Its tests
+would go to a `*_on_cpu.py` file beside verl's tests of `tensordict_utils`.
+"""
+
 PATCH = Patch(
     name="qwen3_vl_nested_position_ids",
     title="multimodal position ids ragged along the sequence, whatever the lengths",
@@ -185,7 +204,7 @@ PATCH = Patch(
         *(
             Target(
                 module=caller,
-                decide=caller_probe(caller),
+                probe=caller_probe(caller),
                 apply=_apply,
                 absent=not_used_when_absent(*ABSENT[caller]) if caller in ABSENT else None,
                 reads=(TENSORDICT_UTILS,),
@@ -197,7 +216,7 @@ PATCH = Patch(
         ),
         Target(
             module=FSDP_ENGINE,
-            decide=decide_engine,
+            probe=probe_engine,
             apply=_apply_engine,
             reads=(TENSORDICT_UTILS,),
             shapes=(NO_3D_POSITION_FIX, SPLITS_REPACK, SPLITS_KEEP_RAGGED_INDEX),
@@ -219,4 +238,5 @@ PATCH = Patch(
     ),
     upstream=("verl#7899", "verl#7901"),
     remove_when="verl's maybe_fix_3d_position_ids rebuilds the layout (verl#7901) in every supported release.",
+    details=DETAILS,
 )

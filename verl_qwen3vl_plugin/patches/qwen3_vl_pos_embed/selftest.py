@@ -27,12 +27,12 @@ def references(family: str = "qwen3_vl") -> dict[str, Callable]:
     it, and verl's copy."""
     from verl_qwen3vl_plugin import originals
     from verl_qwen3vl_plugin.environment import tree
-    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.spec import METHOD, decide_vision_class
+    from verl_qwen3vl_plugin.patches.qwen3_vl_pos_embed.spec import METHOD, probe_vision_class
     from verl_qwen3vl_plugin.registry import Verdict
 
     line = UPSTREAM[family]
     found = {}
-    if decide_vision_class(line, tree(line.modeling)).verdict is Verdict.APPLY:
+    if probe_vision_class(line, tree(line.modeling)).verdict is Verdict.APPLY:
         tower = getattr(importlib.import_module(line.modeling), line.vision_class)
         found["transformers"] = originals.original(tower, METHOD)
     try:

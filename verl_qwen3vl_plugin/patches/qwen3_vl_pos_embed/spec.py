@@ -68,7 +68,7 @@ def _calls_helper_on_grid(forward: ast.FunctionDef, helper: str) -> bool:
     )
 
 
-def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+def probe_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls_name = family.vision_class
     cls = syntax.find_class(tree, cls_name)
     forward, method = syntax.find_function(cls, "forward"), syntax.find_function(cls, METHOD)
@@ -84,7 +84,7 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     return unrecognized(f"{cls_name}.forward calls neither {METHOD} nor a vision_utils interpolation helper as known")
 
 
-def decide_monkey_patch(tree: ast.Module) -> Decision:
+def probe_monkey_patch(tree: ast.Module) -> Decision:
     """Wrapping is right on any ``apply_monkey_patch``: the wrapper passes every argument through and, after it
     returns, puts the plugin's method back on the classes the plugin patched, however verl set its own."""
     func = syntax.find_function(tree, "apply_monkey_patch")
@@ -116,17 +116,50 @@ def _wrap_apply_monkey_patch(module: ModuleType, decision: Decision) -> None:
     originals.wrap(module, "apply_monkey_patch", _putting_ours_back)
 
 
+DETAILS = """\
+**The failure.** With FSDP2 CPU offload (`actor_rollout_ref.actor.fsdp_config.offload_policy=True`) the first vision
+forward of Qwen3-VL or Qwen3-VL-MoE stops in `fast_pos_embed_interpolate` with `RuntimeError: Expected all tensors to
+be on the same device, but found at least two devices, cuda:0 and cpu!` (`npu:0 and cpu` on Ascend). Under offload
+`self.pos_embed.weight.device` is the CPU when the method runs, while the patches and the all-gathered table are on
+the accelerator. The same error is reported in verl #4906 (closed), verl #5571 (Ascend, open), trl #4771 and
+torchtitan #2195.
+
+**verl's own copies.** verl#6131 set a device-fixed copy on both Qwen3-VL vision classes, imported from verl's
+Qwen3.5 module, and verl#6332 moved it into `verl/models/transformers/qwen3_vl.py` because that import broke verl's
+CI. verl's copies are correct, but they keep the per-image loop with a `.tolist()` per corner, so on verl >= 0.8 the
+plugin only adds speed. transformers#41536 was an earlier fix of the same symptom for parameters on the meta device.
+transformers#45396 moved the index math into `transformers.vision_utils`, on `grid_thw`'s device.
+
+**What the tests hold.** FSDP gathers the table only inside `pos_embed`'s own forward, so reading `.weight` directly
+would see a shard. `tests/patches/qwen3_vl_pos_embed/test_fsdp2.py` runs a sharded tower on two FSDP2 ranks on the
+CPU. `tests/patches/qwen3_vl_pos_embed/test_numerics.py` finds the output bit-identical to transformers' method and to
+verl's copies, fp32 and bf16, on Qwen3-VL and Qwen3.5 towers, with the table's gradient. A `grid_thw` that is not
+`(N, 3)` integers, has a side below 1, or has an h or w that `spatial_merge_size` does not divide gets a `ValueError`
+naming the rows. An empty grid gives a `(0, hidden)` tensor, where upstream fails in `torch.cat`. Speed, memory and
+the cost of a first call on a new grid size are in `docs/performance.md`.
+
+Not covered here: transformers #45859 and PR #45861, the text M-RoPE `inv_freq` buffer left on the CPU under FSDP2
+CPU offload (another function).
+
+**Upstream plan.** The function would replace `fast_pos_embed_interpolate` in `verl/models/transformers/qwen3_vl.py`
+and its copy in `verl/models/transformers/qwen3_5.py`. The hook is not needed there, since `apply_monkey_patch`
+already sets verl's function on the classes. PR title:
+`[model] perf: vectorize Qwen3-VL fast_pos_embed_interpolate on grid_thw's device, validate grid_thw`. The numeric
+tests (bit-identity in fp32 and bf16, gradients, bad and empty grids) would go to a `*_on_cpu.py` file beside verl's
+model tests, with the numbers of `benchmarks/pos_embed.py` and, on a GPU, `benchmarks/gpu_check.py` attached.
+"""
+
 PATCH = Patch(
     name="qwen3_vl_pos_embed",
     title="device-safe, vectorized `fast_pos_embed_interpolate`",
     group=MODEL,
     targets=(
         *vision_towers.vision_targets(
-            decide_vision_class, _apply_to_vision_class, (METHOD_ON_TABLE_DEVICE, *FIXED_HELPERS.values())
+            probe_vision_class, _apply_to_vision_class, (METHOD_ON_TABLE_DEVICE, *FIXED_HELPERS.values())
         ),
         Target(
             module=MONKEY_PATCH,
-            decide=decide_monkey_patch,
+            probe=probe_monkey_patch,
             apply=_wrap_apply_monkey_patch,
             shapes=(SETS_OWN_METHOD, SETS_NO_METHOD),
         ),
@@ -144,4 +177,5 @@ PATCH = Patch(
     ),
     upstream=("verl#6131", "verl#6332", "transformers#45396", "transformers#41536"),
     remove_when="transformers >= 5.9 is the oldest transformers you run Qwen3-VL and Qwen3.5 with.",
+    details=DETAILS,
 )

@@ -100,7 +100,7 @@ def _returns_outputs(func: ast.FunctionDef, outputs: set[str]) -> bool:
     )
 
 
-def decide(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
+def probe(tree: ast.Module, family: Family = QWEN3_VL) -> Decision:
     caller_name, outputs = f"{family.model_type}_base_forward", OUTPUTS[family]
     func = syntax.find_function(tree, FUNCTION)
     if func is None:
@@ -136,6 +136,27 @@ def _applier(replacement: str) -> Callable[[ModuleType, Decision], None]:
     return apply
 
 
+DETAILS = """\
+**Seen.** `tests/patches/qwen3_vl_single_vision_call/test_in_effect.py` runs verl's own forward (verl 0.7.1's actor,
+verl 0.9.1's engine) on two FSDP2 ranks on the CPU. With the patch disabled, rank 0 (an image and a video) makes two
+tower calls, rank 1 makes one, and both ranks fail within the test's time bounds.
+
+**Details of the change.** verl's token-count `ValueError`s ("Image features and image tokens do not match", and the
+video one) are kept. With `qwen3_vl_vision_dp` the one call's images and videos are split over the Ulysses group
+together. Against verl's own function on a tiny Qwen3-VL and a tiny Qwen3.5 (image and video, video before image,
+images only, video only, text only), every case makes one tower call. Where verl also makes one call, outputs and
+tower gradients are bit-identical. Where verl makes two, they agree within 1e-5 of each tensor's largest entry. Two
+FSDP2 ranks holding different media (Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE) make the same calls, and their
+log-probs and gradients match each micro-batch computed alone. Speed: `docs/performance.md`.
+
+**Upstream plan.** `get_input_embeds` would replace `_get_input_embeds` in `verl/models/transformers/qwen3_vl.py`,
+and `get_input_embeds_qwen3_5` the one in `verl/models/transformers/qwen3_5.py`. `split_output`
+(`verl_qwen3vl_plugin/patches/qwen3_vl_vision_dp/replacement.py`, which unpacks the tower's tuple or transformers 5
+output) moves with them. No hook is needed upstream, since `qwen3_vl_base_forward` calls the module's function.
+Review verl#7323, or send `[model] fix: one vision-tower call per micro-batch in Qwen3-VL _get_input_embeds`. The
+comparison with verl's function and the two-rank check would go to a `*_on_cpu.py` file beside verl's model tests.
+"""
+
 PATCH = Patch(
     name="qwen3_vl_single_vision_call",
     title="one vision-tower call per micro-batch",
@@ -143,13 +164,13 @@ PATCH = Patch(
     targets=(
         Target(
             module=QWEN3_VL.verl_forward,
-            decide=decide,
+            probe=probe,
             apply=_applier("get_input_embeds"),
             shapes=(TWO_TOWER_CALLS, ONE_TOWER_CALL),
         ),
         Target(
             module=QWEN3_5.verl_forward,
-            decide=lambda tree: decide(tree, QWEN3_5),
+            probe=lambda tree: probe(tree, QWEN3_5),
             apply=_applier("get_input_embeds_qwen3_5"),
             absent=not_used_when_absent(NO_VERL_QWEN3_5, QWEN3_5.missing("verl")),
             shapes=(NO_VERL_QWEN3_5, TWO_TOWER_CALLS.narrowed(verl=">=0.8"), ONE_TOWER_CALL),
@@ -169,4 +190,5 @@ PATCH = Patch(
     upstream=("verl#7323", "verl#3491"),
     remove_when="verl's Qwen3-VL and Qwen3.5 _get_input_embeds make one vision-tower call per micro-batch in the "
     "oldest verl you run.",
+    details=DETAILS,
 )

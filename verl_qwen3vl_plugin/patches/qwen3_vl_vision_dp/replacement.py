@@ -12,7 +12,7 @@ group, equal verl's.
 Fails closed: the split is only right if every rank of the group holds the same images, so the group first agrees on
 what it holds (one small all-gather: image count, patch count, a checksum of ``grid_thw``); on a mismatch every rank
 raises the same ``RuntimeError`` instead of hanging in a mis-sized gather.
-When it applies, and when it can be removed: the ``qwen3_vl_vision_dp`` spec (``patches/qwen3_vl_vision_dp.py``).
+When it applies, and when it can be removed: the patch's spec, beside this module.
 """
 
 from __future__ import annotations

