@@ -19,8 +19,9 @@ DOCS = [
     *sorted((ROOT / "recipes").rglob("*.md")),
 ]
 OURS = ("verl_qwen3vl_plugin/", "benchmarks/", "recipes/", "docs/", "startup/", ".ci/", "noxfile.py",
-        "pyproject.toml", "CHANGELOG.md", "README.md", "CONTRIBUTING.md", "scripts/", "tests/_child/", "tests/patches/", "tests/e2e/",
-        "tests/recipes/", "tests/test_", "tests/helpers.py", "tests/conftest.py")  # fmt: skip
+        "pyproject.toml", "CHANGELOG.md", "README.md", "CONTRIBUTING.md", "scripts/", "tests/_child/",
+        "tests/patches/", "tests/e2e/", "tests/recipes/", "tests/test_", "tests/helpers.py",
+        "tests/conftest.py")  # fmt: skip
 PACKAGE_RELATIVE = ("selftest/", "patches/", "hooks/", "models/")
 PATH = re.compile(r"`([\w./-]+?)(?:::[\w.]+)?`")
 
