@@ -109,10 +109,10 @@ On verl 0.7.1 with transformers <= 4.57.3, verl's `apply_monkey_patch` also repl
 "4.57.3 bug" workaround), which happens to hide the mismatch. transformers 4.57.4 to 4.57.6, the vllm-ascend 0.13
 stack, expose it.
 
-**Tests.** `tests/patches/test_npu_qwen3_vl_moe.py` runs verl's real `npu_patch` on the CPU, over reference
-`torch_npu` ops written from the Ascend op documentation (`verl_qwen3vl_plugin/selftest/npu_reference.py`). Against
-transformers' block with the same weights, outputs and input and weight gradients agree within 1e-5 in training and
-eval, and so do a whole tiny Qwen3-VL-MoE's loss and gradients. Without the plugin the same test shows verl's bug.
+**Tests.** `tests/patches/npu_qwen3_vl_moe_routing/test_numerics.py` runs verl's real `npu_patch` on the CPU, over
+reference `torch_npu` ops written from the Ascend op documentation (`verl_qwen3vl_plugin/selftest/npu_reference.py`).
+Against transformers' block with the same weights, outputs and input and weight gradients agree within 1e-5 in training
+and eval, and so do a whole tiny Qwen3-VL-MoE's loss and gradients. Without the plugin the same test shows verl's bug.
 
 **Upstream plan.** verl#6131 removed the `if not self.training` guard, released in verl 0.8.0. What remains worth
 proposing is the test, which lets verl's CPU CI check the NPU block against transformers in training and eval:

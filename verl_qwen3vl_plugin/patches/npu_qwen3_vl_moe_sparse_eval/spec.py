@@ -78,9 +78,9 @@ def _apply(module: ModuleType, decision: Decision) -> None:
 DETAILS = """\
 **Details of the change.** Eval takes the top-k weights from the dense routing matrix that the block scatters in eval
 on every verl, so it works on verl 0.7.0 too, whose training path takes the top-k weights directly. Eval then runs
-the same ops as training. `tests/patches/test_npu_qwen3_vl_moe.py`, on the CPU reference `torch_npu` ops, finds the
-eval output bit-identical to training's and within 1e-5 of verl's dense eval. Measured times of the reference ops
-(not of Ascend): `docs/performance.md`.
+the same ops as training. `tests/patches/npu_qwen3_vl_moe_sparse_eval/test_numerics.py`, on the CPU reference
+`torch_npu` ops, finds the eval output bit-identical to training's and within 1e-5 of verl's dense eval. Measured times
+of the reference ops (not of Ascend): `docs/performance.md`.
 
 **Upstream plan.** verl#6131 touched this block's routing and left the dense eval. The change to propose is the
 `else` branch of `NPUQwen3VLMoeTextExperts.forward` in `verl/models/transformers/npu_patch.py`, as

@@ -213,10 +213,10 @@ DETAILS = """\
 **Seen.** For Qwen3-VL-30B-A3B (hidden 2048, expert intermediate 768) `gate_proj` arrives as (1024, 1536) instead of
 (768, 2048), so the first sync fails. Checkpoints still load into verl's NPU block, because transformers 5's
 `Transpose(check_dims=True)` conversion skips the transpose when the shapes already match.
-`tests/patches/test_npu_qwen3_vl_moe.py` runs verl 0.9.1's real `FSDPEngine.get_per_tensor_param` on the CPU with
-transformers 5.10.4. Without the plugin the per-expert tensors are wrong in shape at hidden 32 and intermediate 24, and
-in value at intermediate 16. With it, each tensor sent is `torch.equal` to what verl sends for transformers 5's own
-model with the same weights.
+`tests/patches/npu_qwen3_vl_moe_weight_sync/test_weight_sync.py` runs verl 0.9.1's real
+`FSDPEngine.get_per_tensor_param` on the CPU with transformers 5.10.4. Without the plugin the per-expert tensors are
+wrong in shape at hidden 32 and intermediate 24, and in value at intermediate 16. With it, each tensor sent is
+`torch.equal` to what verl sends for transformers 5's own model with the same weights.
 
 **Details of the change.** The transpose is a view, nothing copied. It happens when the model type is `qwen3_vl_moe`
 and transformers' module builds verl's NPU block, which `apply_npu_patches()` swaps in for every model of the
