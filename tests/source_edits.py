@@ -167,8 +167,8 @@ class Variant(NamedTuple):
     expected: Verdict = UNRECOGNIZED  # or APPLY, where the patch provably still works on it
 
 
-class Shape(NamedTuple):
-    """A known safe shape: the patch's name, the target's label, its decision's shape id, and its near-misses."""
+class NearMisses(NamedTuple):
+    """Near-misses of a known safe shape: the patch's name, the target's label, the shape's id, and the edits."""
 
     patch: str
     target: str
@@ -176,26 +176,27 @@ class Shape(NamedTuple):
     variants: tuple[Variant, ...]
 
 
-def safe_decision(patch: Patch, target: Target) -> Decision | None:
+def safe_decision(patch: Patch, target: Target, absent: bool = False) -> Decision | None:
     """The installed source's decision where it is safe; None otherwise. A module this stack does not have has no
-    shape to miss: its verdict is the target's own ``absent`` (tests/test_registry_contract.py checks which may)."""
+    shape of its own to miss; with ``absent``, its target's ``absent`` decision counts, whose probe reads other
+    modules that near-misses can edit (verl >= 0.8's engine, where the legacy actor is gone)."""
     source = source_text(target.module)
-    decision = decide_text(patch, target, source) if source is not None else None
+    decision = decide_text(patch, target, source) if source is not None or absent else None
     return decision if decision is not None and decision.verdict in SAFE else None
 
 
-def shows(shape: Shape, patch: Patch, target: Target, decision: Decision) -> bool:
+def shows(shape: NearMisses, patch: Patch, target: Target, decision: Decision) -> bool:
     """Whether ``decision`` is ``shape``'s: by the probe's stable shape id, never by its reason's wording."""
     return (shape.patch, shape.target, shape.shape) == (patch.name, target.label, decision.shape)
 
 
-def near_miss_cases(shapes: Iterable[Shape]) -> list[ParameterSet]:
+def near_miss_cases(shapes: Iterable[NearMisses]) -> list[ParameterSet]:
     """``(patch, target, variant)`` for each near-miss of the shapes this stack shows, with readable ids."""
     cases = []
     for shape in shapes:
         patch = spec(shape.patch)
         target = patch.target(shape.target)
-        decision = safe_decision(patch, target)
+        decision = safe_decision(patch, target, absent=True)
         if decision is not None and shows(shape, patch, target, decision):
             cases += [
                 pytest.param(patch, target, v, id=f"{patch.name}-{target.label}-{v.name}") for v in shape.variants

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import VERL, child_json, decide_text, last_json, run_child, source_text, use_sources
-from tests.source_edits import APPLY, Shape, Variant, check_near_miss, near_miss_cases, replace, substitute
+from tests.source_edits import APPLY, NearMisses, Variant, check_near_miss, near_miss_cases, replace, substitute
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import selftest as dynamic_batch
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import spec as sync
 from verl_qwen3vl_plugin.registry import Verdict
@@ -138,9 +138,9 @@ ENGINE_NEAR_MISSES = (
     Variant("helper drops the group", ENGINE_UTILS, substitute(r"dp_group=dp_group,", "dp_group=None,")),
 )
 NEAR_MISSES = [
-    *(Shape(PATCH.name, t.label, "verl0.7.0-syncs-over-default-group", SPLIT_NEAR_MISSES) for t in (ACTOR, CRITIC)),
-    # verl >= 0.8's shape is each target's ``absent``: no module there to edit, so these do not run (yet).
-    *(Shape(PATCH.name, t.label, "verl0.8-engine-passes-dp-group", ENGINE_NEAR_MISSES) for t in (ACTOR, CRITIC)),
+    *(NearMisses(PATCH.name, t.label, sync.SYNCS_OVER_DEFAULT_GROUP.id, SPLIT_NEAR_MISSES) for t in (ACTOR, CRITIC)),
+    # verl >= 0.8's shape is each target's ``absent``: near-misses of the engine it reads.
+    *(NearMisses(PATCH.name, t.label, sync.ENGINE_PASSES_DP_GROUP.id, ENGINE_NEAR_MISSES) for t in (ACTOR, CRITIC)),
 ]
 
 

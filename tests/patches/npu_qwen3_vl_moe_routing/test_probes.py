@@ -10,7 +10,7 @@ from tests.helpers import VERL, decide_text, source_text
 from tests.npu_fixture import NPU_PATCH
 from tests.source_edits import (
     APPLY,
-    Shape,
+    NearMisses,
     Variant,
     check_near_miss,
     extra_parameter,
@@ -75,7 +75,7 @@ BLOCK_EXTRA_ARGUMENT = Variant(
     "extra argument to the block", NPU_PATCH, in_method(BLOCK, "forward", extra_parameter("padding_mask"))
 )
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         routing.PATCH.name,
         NPU_PATCH,
         "verl0.8-scatters",
@@ -96,7 +96,7 @@ NEAR_MISSES = [
             ),
         ),
     ),
-    Shape(
+    NearMisses(
         routing.PATCH.name,
         NPU_PATCH,
         "verl0.7.0-top-k-experts",

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import VERL, decide_text, source_text, use_sources
 from tests.npu_fixture import FSDP_ENGINE, FSDP_UTILS, NPU_PATCH, SHARD_EXPORT, SYNC_ENGINE, SYNC_UTILS, needs_sync
 from tests.source_edits import (
-    Shape,
+    NearMisses,
     Variant,
     add_method,
     before_return,
@@ -93,8 +93,8 @@ STORED_STREAM = (  # near-misses of verl 0.7/0.8's stream, its packed experts as
     ),
 )
 NEAR_MISSES = [
-    *(Shape(SYNC.name, t.label, "verl0.8-sends-as-stored", STORED_STREAM) for t in (SYNC_UTILS, SYNC_ENGINE)),
-    Shape(
+    *(NearMisses(SYNC.name, t.label, "verl0.8-sends-as-stored", STORED_STREAM) for t in (SYNC_UTILS, SYNC_ENGINE)),
+    NearMisses(
         SYNC.name,
         SHARD_EXPORT.label,
         "verl0.8-no-shard-export",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import TRANSFORMERS, VERL, decide_text, last_json, run_args, use_sources
-from tests.source_edits import Shape, Variant, append, check_near_miss, near_miss_cases, substitute
+from tests.source_edits import NearMisses, Variant, append, check_near_miss, near_miss_cases, substitute
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE
 from verl_qwen3vl_plugin.patches import spec
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.replacement import dispatched_kernel
@@ -73,7 +73,7 @@ SHAPES = {
 MODELING = (QWEN3_5.modeling, QWEN3_5_MOE.modeling)
 NEAR_MISSES = [
     *(
-        Shape(
+        NearMisses(
             PATCH.name,
             modeling,
             "layers-set-what-verl-reads",
@@ -93,7 +93,7 @@ NEAR_MISSES = [
         for modeling in MODELING
     ),
     *(
-        Shape(
+        NearMisses(
             PATCH.name,
             modeling,
             "verl0.8-no-layer-forwards",

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.source_edits import APPLY, Shape, Variant, append, check_near_miss, near_miss_cases, substitute
+from tests.source_edits import APPLY, NearMisses, Variant, append, check_near_miss, near_miss_cases, substitute
 
 PATCH = "qwen3_5_packed_delta_net"
 QWEN3_5_VERL = "verl.models.transformers.qwen3_5"
 LAYERS = ("transformers.models.qwen3_5.modeling_qwen3_5", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
 VERL_FORWARD = r"\bqwen3_5_gated_delta_net_forward\b"
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         PATCH,
         QWEN3_5_VERL,
         "verl0.8-no-delta-net-forward",
@@ -32,7 +32,7 @@ NEAR_MISSES = [
         ),
     ),
     *(
-        Shape(
+        NearMisses(
             PATCH,
             target,
             "verl-replaces-layer-forward",

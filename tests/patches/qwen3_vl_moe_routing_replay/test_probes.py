@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.source_edits import (
-    Shape,
+    NearMisses,
     Variant,
     add_method,
     check_near_miss,
@@ -33,7 +33,7 @@ ENGINE_NEAR_MISSES = (
     ),
 )
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         PATCH,
         f"{MOE}:Qwen3VLMoeTextSparseMoeBlock.forward",
         "tf5-block-takes-router-routes",
@@ -50,7 +50,7 @@ NEAR_MISSES = [
             ),
         ),
     ),
-    Shape(
+    NearMisses(
         PATCH,
         f"{MOE}:Qwen3VLMoeTextTopKRouter.forward",
         "tf4.57-no-top-k-router",
@@ -65,8 +65,8 @@ NEAR_MISSES = [
             ),
         ),
     ),
-    # The legacy targets' ``absent``: no module there to edit on verl >= 0.8, so these do not run (yet).
-    *(Shape(PATCH, target, "verl0.8-no-legacy-actor", ENGINE_NEAR_MISSES) for target in LEGACY),
+    # The legacy targets' ``absent`` on verl >= 0.8: near-misses of the engine it reads.
+    *(NearMisses(PATCH, target, "verl0.8-no-legacy-actor", ENGINE_NEAR_MISSES) for target in LEGACY),
 ]
 
 

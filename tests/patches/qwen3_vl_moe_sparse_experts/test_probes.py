@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.source_edits import Shape, Variant, check_near_miss, near_miss_cases, prepend_to, replace, substitute
+from tests.source_edits import NearMisses, Variant, check_near_miss, near_miss_cases, prepend_to, replace, substitute
 
 MOE = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
 DECORATED = "@use_experts_implementation\nclass Qwen3VLMoeTextExperts"
@@ -19,7 +19,7 @@ def dense_path(op: str, code: str) -> Variant:
 
 
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         "qwen3_vl_moe_sparse_experts",
         MOE,
         "tf5-experts-implementation",

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.source_edits import APPLY, Shape, Variant, append, check_near_miss, near_miss_cases, substitute
+from tests.source_edits import APPLY, NearMisses, Variant, append, check_near_miss, near_miss_cases, substitute
 
 PATCH = "qwen3_vl_nested_position_ids"
 ENGINE, UTILS = "verl.workers.engine.fsdp.transformer_impl", "verl.utils.tensordict_utils"
 KEPT_INDEX = r"ragged_idx=getattr\(nt, \"_ragged_idx\", nt\.dim\(\) - 1\)"
 CHUNK_REBUILD = r"chunk_td\[key\] = nested_tensor_from_tensor_list\("
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         PATCH,
         ENGINE,
         "verl0.8-splits-keep-ragged-index",
@@ -30,7 +30,7 @@ NEAR_MISSES = [
             Variant("the engine splits another way", ENGINE, substitute(r"\bprepare_micro_batches\b", "split_batches")),
         ),
     ),
-    Shape(
+    NearMisses(
         PATCH,
         ENGINE,
         "verl0.7.0-no-3d-position-fix",
@@ -40,7 +40,7 @@ NEAR_MISSES = [
         ),
     ),
     *(
-        Shape(
+        NearMisses(
             PATCH,
             target,
             "verl0.7.0-no-3d-position-fix",

@@ -13,7 +13,7 @@ from tests.helpers import POS_EMBED_USED, TRANSFORMERS, child_json, decide_text,
 from tests.source_edits import (
     APPLY,
     UNRECOGNIZED,
-    Shape,
+    NearMisses,
     Variant,
     check_near_miss,
     near_miss_cases,
@@ -93,7 +93,7 @@ def _uses_vision_utils(module: str, helper: str) -> tuple[Variant, ...]:
 
 
 NEAR_MISSES = [
-    Shape("qwen3_vl_pos_embed", module, shape.id, _uses_vision_utils(module, helper))
+    NearMisses("qwen3_vl_pos_embed", module, shape.id, _uses_vision_utils(module, helper))
     for module in vision_towers.VISION_CLASSES
     for helper, shape in FIXED_HELPERS.items()
 ]

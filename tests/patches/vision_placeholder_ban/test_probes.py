@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.source_edits import Shape, Variant, append, check_near_miss, near_miss_cases, substitute
+from tests.source_edits import NearMisses, Variant, append, check_near_miss, near_miss_cases, substitute
 
 PATCH = "vision_placeholder_ban"
 UTILS, ROLLOUT = "verl.workers.rollout.vllm_rollout.utils", "verl.workers.rollout.vllm_rollout.vllm_rollout"
 NEAR_MISSES = [
-    Shape(
+    NearMisses(
         PATCH,
         UTILS,
         "verl0.9-banned-token-ids",
         (Variant("the ban parameter is renamed", UTILS, substitute(r"\bbanned_token_ids\b", "banned_ids")),),
     ),
     *(
-        Shape(
+        NearMisses(
             PATCH,
             target,
             "logits-patched-in-other-module",
