@@ -68,8 +68,8 @@ ACTOR, WORKER = "DataParallelPPOActor", "ActorRolloutRefWorker"
 ENGINE_CLASS, ENGINE_LM_CLASS = "FSDPEngine", "FSDPEngineWithLMHead"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
-# The top-k routers' known shapes: transformers 5.3 returns the softmax first, 5.8 and later the logits.
-# Read in transformers 5.4.0 to 5.7.0's wheels too: the router returns the logits from 5.6 (the ids predate that).
+# The top-k routers' known shapes, the softmax or the logits first (ranges read in the 5.3.0 to 5.22.2 wheels; the
+# ids predate the 5.6 boundary).
 RETURNS_PROBABILITIES = Shape(id="tf5.3-router-returns-probabilities", verdict=Verdict.APPLY, transformers=">=5,<5.6")
 RETURNS_LOGITS = Shape(id="tf5.8-router-returns-logits", verdict=Verdict.APPLY, transformers=">=5.6")
 # verl's NPU block, by the routing it has (the routing patch's probe reads it): replay's experts take its weights in
