@@ -110,6 +110,13 @@ class Shape:
         """What a probe returns on recognising this shape; ``reason`` says what it saw, for people."""
         return Decision(self.verdict, self.id, reason)
 
+    def when_absent(self, reason: str) -> Callable[[], Decision]:
+        """A target's ``absent``, for a module this stack may lack (an older release, a model family it does not
+        ship): this "not used" shape, saying why, instead of failing closed."""
+        if self.verdict is not Verdict.NOT_USED:
+            raise ValueError(f"an absent module is not used, not {self.verdict.value}: {self.id}")
+        return lambda: self.decision(reason)
+
     def narrowed(self, verl: str = "", transformers: str = "") -> Shape:
         """The same shape, seen on fewer releases: where one target's module exists on fewer releases than
         another's (Qwen3.5's, from transformers 5.2)."""
@@ -175,14 +182,6 @@ UNKNOWN = "unrecognized"  # the shape of every decision whose upstream code no p
 def unrecognized(reason: str) -> Decision:
     """A probe's "I do not know this shape": no shape id to branch on, only what it looked for, for people."""
     return Decision(Verdict.UNRECOGNIZED, UNKNOWN, reason)
-
-
-def not_used_when_absent(shape: Shape, reason: str) -> Callable[[], Decision]:
-    """A target's ``absent`` for a module this stack may lack (an older release, a model family it does not ship):
-    ``shape`` (a "not used" one), saying why, instead of failing closed."""
-    if shape.verdict is not Verdict.NOT_USED:
-        raise ValueError(f"an absent module is not used, not {shape.verdict.value}: {shape.id}")
-    return lambda: shape.decision(reason)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Callable
 
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import Decision, Shape, Target, Verdict, not_used_when_absent
+from verl_qwen3vl_plugin.registry import Decision, Shape, Target, Verdict
 
 # transformers module -> its vision class
 VISION_CLASSES = {family.modeling: family.vision_class for family in FAMILIES}
@@ -42,7 +42,7 @@ def vision_targets(
             module=family.modeling,
             probe=lambda tree: probe(family, tree),
             apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
-            absent=not_used_when_absent(absent, family.missing("transformers")),
+            absent=absent.when_absent(family.missing("transformers")),
             reads=reads,
             shapes=(absent, *(s.narrowed(transformers=f">={since}") for s in shapes)),
         )

@@ -31,16 +31,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    not_used_when_absent,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.vision_towers import absent_family
 
 NEW_TYPE = "block_type"
@@ -194,7 +185,7 @@ def _target(family: Family) -> Target:
         module=family.modeling,
         probe=lambda tree: probe(tree, family),
         apply=apply,
-        absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
+        absent=absent_family(family).when_absent(family.missing("transformers")),
         reads=(QWEN3_5.verl_forward,),
         shapes=(
             absent_family(family),

@@ -37,16 +37,7 @@ from types import ModuleType
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.spec import DISPATCHER
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    not_used_when_absent,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 from verl_qwen3vl_plugin.vision_towers import absent_family
 
@@ -194,7 +185,7 @@ def _transformers_target(family: Family) -> Target:
         module=family.modeling,
         probe=lambda tree: probe_transformers(tree, family),
         apply=apply,
-        absent=not_used_when_absent(absent_family(family), family.missing("transformers")),
+        absent=absent_family(family).when_absent(family.missing("transformers")),
         reads=(QWEN3_5.verl_forward, MONKEY_PATCH),
         shapes=(
             absent_family(family),
@@ -248,7 +239,7 @@ PATCH = Patch(
             module=QWEN3_5.verl_forward,
             probe=probe_verl,
             apply=_apply_verl,
-            absent=not_used_when_absent(NO_VERL_QWEN3_5, QWEN3_5.missing("verl")),
+            absent=NO_VERL_QWEN3_5.when_absent(QWEN3_5.missing("verl")),
             shapes=(
                 NO_VERL_QWEN3_5,
                 NO_DELTA_NET_FORWARD,

@@ -24,16 +24,8 @@ from collections.abc import Callable
 import torch
 
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import layout, rollout_record, routes
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import session as sessions
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
-from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.session import (
-    R3Record,
-    Rows,
-    Session,
-    checked,
-    current,
-    merge_metrics,
-    running,
-)
 
 SAMPLE = "routing_replay_sample"  # each sample's index in the batch, while recording
 
@@ -59,7 +51,7 @@ def _keeping_class(base: type, keys: tuple[str, ...]) -> type:
     return KeepingRoutes
 
 
-def _session(actor, data, phase: str, mode: str) -> Session:
+def _session(actor, data, phase: str, mode: str) -> sessions.Session:
     """The batch's record checked (``session.checked``) on the actor's padded layout, and the call's session."""
     if getattr(actor, "use_prefix_grouper", False):
         raise ReplayError("routing replay does not support the prefix grouper (actor.use_prefix_grouper=False)")
@@ -69,12 +61,12 @@ def _session(actor, data, phase: str, mode: str) -> Session:
     def r3():
         mask = data.batch["attention_mask"]
         loss_mask = rollout_record.full_loss_mask(data.batch.get("response_mask", None), mask.shape[1])
-        return R3Record(routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask))
+        return sessions.R3Record(routes.has_route(record), mask, loss_mask, rollout_record.window_filled(mask))
 
     def rows():
-        return Rows(record, tuple(data.batch["input_ids"].shape))
+        return sessions.Rows(record, tuple(data.batch["input_ids"].shape))
 
-    return Session(phase, slots, checked(phase, mode, slots, record is not None, rows, r3), len(data))
+    return sessions.Session(phase, slots, sessions.checked(phase, mode, slots, record is not None, rows, r3), len(data))
 
 
 def compute_log_prob(original: Callable) -> Callable:
@@ -89,7 +81,7 @@ def compute_log_prob(original: Callable) -> Callable:
             batch = data.batch.copy()
             batch[SAMPLE] = torch.arange(len(data), device=batch["input_ids"].device)
             data = type(data)(batch=batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
-        with running(self, session):
+        with sessions.running(self, session):
             result = original(self, _keeping(data, (KEY, SAMPLE)), *args, **kwargs)
         if phase == RECORD:
             _recorded[self] = session.assembled(data.batch["input_ids"].shape[1])
@@ -105,10 +97,10 @@ def update_policy(original: Callable) -> Callable:
         if mode is None:
             return original(self, data, *args, **kwargs)
         session = _session(self, data, REPLAY, mode)
-        with running(self, session):
+        with sessions.running(self, session):
             metrics = original(self, _keeping(data, (KEY,)), *args, **kwargs)
         if isinstance(metrics, dict):  # verl appends per-mini-batch values to lists; these are one per step
-            merge_metrics(metrics, session)
+            sessions.merge_metrics(metrics, session)
         return metrics
 
     return wrapper
@@ -117,7 +109,7 @@ def update_policy(original: Callable) -> Callable:
 def forward_micro_batch(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, micro_batch, *args, **kwargs):
-        session = current(self)
+        session = sessions.current(self)
         if session is None:
             return original(self, micro_batch, *args, **kwargs)
         mask = micro_batch["attention_mask"]

@@ -22,16 +22,8 @@ from collections.abc import Callable
 import torch
 
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import layout, rollout_record, routes
+from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import session as sessions
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.routes import KEY, RECORD, REPLAY, ReplayError
-from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.session import (
-    R3Record,
-    Rows,
-    Session,
-    checked,
-    current,
-    merge_metrics,
-    running,
-)
 
 
 def _check(data, phase: str, mode: str, slots: dict) -> float | None:
@@ -43,7 +35,7 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
             raise ReplayError(f"the batch's {KEY} and input_ids must be nested (verl's no-padding layout)")
         if not torch.equal(record.offsets().cpu(), ids.offsets().cpu()):
             raise ReplayError(f"the batch's {KEY} is not aligned with input_ids (different sequence lengths)")
-        return Rows(record.values(), (ids.values().shape[0],))
+        return sessions.Rows(record.values(), (ids.values().shape[0],))
 
     def r3():
         lengths = ids.offsets().diff()
@@ -61,9 +53,11 @@ def _check(data, phase: str, mode: str, slots: dict) -> float | None:
             loss = data.get("loss_mask", None)
             loss_mask = rollout_record.nested_loss_mask(loss, lengths) if loss is not None and loss.is_nested else None
             last_may_route = torch.ones(len(lengths), dtype=torch.bool, device=lengths.device)
-        return R3Record(rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route)
+        return sessions.R3Record(
+            rollout_record.padded_routed(record, attention_mask), attention_mask, loss_mask, last_may_route
+        )
 
-    return checked(phase, mode, slots, record is not None, rows, r3)
+    return sessions.checked(phase, mode, slots, record is not None, rows, r3)
 
 
 def forward_backward_batch(original: Callable) -> Callable:
@@ -77,11 +71,11 @@ def forward_backward_batch(original: Callable) -> Callable:
             return original(self, data, loss_function, forward_only)
         phase = RECORD if mode == "R2" and forward_only else REPLAY
         slots = routes.slots(self.module)
-        session = Session(phase, slots, _check(data, phase, mode, slots))
-        with running(self, session):
+        session = sessions.Session(phase, slots, _check(data, phase, mode, slots))
+        with sessions.running(self, session):
             output = original(self, data, loss_function, forward_only)
         if phase == REPLAY and not forward_only and isinstance(output, dict) and "metrics" in output:
-            merge_metrics(output["metrics"], session)  # logged with the update's, per step
+            sessions.merge_metrics(output["metrics"], session)  # logged with the update's, per step
         return output
 
     return wrapper
@@ -91,7 +85,7 @@ def prepare_model_inputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, micro_batch):
         model_inputs, output_args = original(self, micro_batch)
-        session = current(self)
+        session = sessions.current(self)
         if session is not None:
             from verl.utils import tensordict_utils as tu
 
@@ -113,7 +107,7 @@ def prepare_model_outputs(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(self, output, output_args, micro_batch, *args, **kwargs):
         model_output = original(self, output, output_args, micro_batch, *args, **kwargs)
-        session = current(self)
+        session = sessions.current(self)
         if session is not None and session.phase == RECORD:
             ids = micro_batch["input_ids"]
             rows = layout.gathered_rows(

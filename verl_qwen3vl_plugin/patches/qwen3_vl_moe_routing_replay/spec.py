@@ -46,16 +46,7 @@ from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import (
     LEGACY_SWITCH,
     ROLLOUT_SETTING,
 )
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    not_used_when_absent,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NPU_PATCH
 from verl_qwen3vl_plugin.vision_towers import absent_family
 
@@ -397,7 +388,7 @@ PATCH = Patch(
             module=QWEN3_5_MOE.modeling,
             probe=lambda tree: probe_top_k_router(tree, QWEN3_5_ROUTER),
             apply=_apply_router(QWEN3_5_ROUTER),
-            absent=not_used_when_absent(absent_family(QWEN3_5_MOE), QWEN3_5_MOE.missing("transformers")),
+            absent=absent_family(QWEN3_5_MOE).when_absent(QWEN3_5_MOE.missing("transformers")),
             name=f"{QWEN3_5_ROUTER}.forward",
             shapes=(
                 absent_family(QWEN3_5_MOE),

@@ -34,16 +34,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    not_used_when_absent,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import (
     ENGINE_BASE,
     ENGINE_UTILS,
@@ -206,7 +197,7 @@ PATCH = Patch(
                 module=caller,
                 probe=caller_probe(caller),
                 apply=_apply,
-                absent=not_used_when_absent(*ABSENT[caller]) if caller in ABSENT else None,
+                absent=ABSENT[caller][0].when_absent(ABSENT[caller][1]) if caller in ABSENT else None,
                 reads=(TENSORDICT_UTILS,),
                 shapes=(NO_TINKER_WORKER, RELABELS_RAGGED_INDEX.narrowed(verl=">=0.9"))
                 if caller in ABSENT

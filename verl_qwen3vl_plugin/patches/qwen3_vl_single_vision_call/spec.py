@@ -25,16 +25,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    not_used_when_absent,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 
 FUNCTION = "_get_input_embeds"
 PARAMETERS = [
@@ -172,7 +163,7 @@ PATCH = Patch(
             module=QWEN3_5.verl_forward,
             probe=lambda tree: probe(tree, QWEN3_5),
             apply=_applier("get_input_embeds_qwen3_5"),
-            absent=not_used_when_absent(NO_VERL_QWEN3_5, QWEN3_5.missing("verl")),
+            absent=NO_VERL_QWEN3_5.when_absent(QWEN3_5.missing("verl")),
             shapes=(NO_VERL_QWEN3_5, TWO_TOWER_CALLS.narrowed(verl=">=0.8"), ONE_TOWER_CALL),
         ),
     ),

@@ -30,15 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
-from verl_qwen3vl_plugin.registry import (
-    MODEL,
-    Decision,
-    Patch,
-    Shape,
-    Target,
-    Verdict,
-    unrecognized,
-)
+from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
 
 LOGITS = {VLLM_ROLLOUT_UTILS: "monkey_patch_compute_logits", VLLM_ROLLOUT: "_monkey_patch_compute_logits"}
