@@ -1,28 +1,22 @@
-"""Patch ``dp_actor_dynamic_batch_sync``: verl 0.7.1's legacy FSDP actor and critic agree on the micro-batch count
-across ranks with ``use_dynamic_bsz``.
+"""Targets of ``dp_actor_dynamic_batch_sync``: verl's legacy ``dp_actor`` and ``dp_critic`` modules. Each binds
+``prepare_dynamic_batch`` at import, so the name is replaced there, by one that passes the default group when the
+caller passes none; verl's own split then syncs the count.
 
-Not specific to Qwen3-VL, but it is Qwen3-VL runs that hit it: a rank's token count is its images' patch count, so
-ranks of one step hold very different lengths, and dynamic batching splits them into different numbers of
-micro-batches. Each micro-batch is a forward (and backward) of the FSDP model, a collective: a rank that makes one
-more hangs the group. verl 0.7.1 is also the Ascend stack, and the plugin's recipe runs ``use_dynamic_bsz``.
+Every shape but ``ENGINE_PASSES_DP_GROUP`` needs ``prepare_dynamic_batch(data, max_token_len, dp_group, ...)``
+handing ``dp_group=dp_group`` to ``rearrange_micro_batches``, which all-reduces ``num_micro_batches`` once over
+``group=dp_group``. Every clause of the conditions over that all-reduce must be in ``KNOWN_CLAUSES``, written inline or
+through a name the function assigns once, and ``dp_group`` read nowhere else.
 
-Targets: verl's ``dp_actor`` and ``dp_critic`` modules, which bind ``prepare_dynamic_batch`` at import: their name is
-replaced by one that passes the default group when the caller passes none, as verl 0.7.0 did.
-
-Known shapes (the probes' whole knowledge):
-- affected, verl 0.7.1 (and 0.9's split, through a named condition): ``rearrange_micro_batches`` syncs the count
-  only ``if ... and dp_group is not None``, and
-  ``DataParallelPPOActor.compute_log_prob`` / ``update_policy`` (``DataParallelPPOCritic.compute_values`` /
-  ``update_critic``) call ``prepare_dynamic_batch(data, max_token_len=...)`` without one;
-- fixed upstream, verl 0.7.0: ``rearrange_micro_batches`` all-reduces the count (``num_micro_batches``), once, over
-  ``group=dp_group``, under no condition that reads ``dp_group``, directly or through a name it assigns (None: the
-  default group);
-- fixed upstream, any verl whose legacy callers all pass a ``dp_group`` that is not a literal None, to a split of
-  one of the two shapes above;
-- not used, verl >= 0.8: no legacy ``dp_actor`` / ``dp_critic`` modules; ``FSDPEngine.forward_backward_batch``
-  calls ``prepare_micro_batches``, every call of it in ``FSDPEngine`` passes a DP group, the engine calls neither
-  ``prepare_dynamic_batch`` nor ``rearrange_micro_batches`` itself, and ``prepare_micro_batches`` hands
-  ``dp_group=dp_group`` to ``rearrange_micro_batches`` (verl#5591).
+- ``SYNCS_ONLY_WITH_DP_GROUP``: a condition over the all-reduce has the clause ``dp_group is not None``.
+- ``SYNCS_OVER_DEFAULT_GROUP``: no condition over it reads ``dp_group``, so None means the default group.
+- ``PASSES_NO_DP_GROUP``: ``DataParallelPPOActor.compute_log_prob`` and ``update_policy``
+  (``DataParallelPPOCritic.compute_values`` and ``update_critic``) each call ``prepare_dynamic_batch`` once, none
+  with a ``dp_group``, over a ``SYNCS_ONLY_WITH_DP_GROUP`` split. Over the other split the caller reads as that split.
+- ``PASSES_DP_GROUP``: the same calls, each passing a ``dp_group`` that is not a literal None, over either split.
+- ``ENGINE_PASSES_DP_GROUP``, where the legacy modules are missing: ``FSDPEngine.forward_backward_batch`` calls
+  ``prepare_micro_batches``, every call of it in ``FSDPEngine`` passes a DP group, the engine calls neither
+  ``prepare_dynamic_batch`` nor ``rearrange_micro_batches`` itself, and ``prepare_micro_batches(data, dp_group, ...)``
+  hands ``dp_group=dp_group`` to a ``rearrange_micro_batches`` that syncs the count once.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, 
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, DP_CRITIC, ENGINE_UTILS, FSDP_ENGINE, SEQLEN_BALANCING
 
 GUARD = "dp_group is not None"
-KNOWN_CLAUSES = {"dist.is_initialized()", "same_micro_num_in_dp", GUARD}  # verl 0.7.0 and 0.7.1
+KNOWN_CLAUSES = {"dist.is_initialized()", "same_micro_num_in_dp", GUARD}  # in the known splits' conditions
 FUNCTION = "prepare_dynamic_batch"
 SPLITTER = "rearrange_micro_batches"
 CALLERS = {  # the legacy module -> its class and the methods that split a batch

@@ -1,18 +1,17 @@
-"""Patch ``npu_qwen3_vl_moe_routing``: always scatter the routing weights in verl's
-``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (Ascend).
+"""Target of ``npu_qwen3_vl_moe_routing``: ``verl.models.transformers.npu_patch``, whose
+``NPUQwen3VLMoeTextSparseMoeBlock.forward`` is replaced. verl imports the module only on Ascend, but the probe reads
+its source, so the verdict is the same, and tested, on any machine.
 
-Target: ``verl.models.transformers.npu_patch``, which verl imports only on Ascend. Its source decides, so the verdict
-is the same, and tested, on any machine. Known shapes (the probe's whole knowledge), each with the block's
-``forward(self, hidden_states)`` and the experts' ``forward(self, hidden_states, routing_weights, router_indices)``
-that the replacement calls:
-- affected, verl 0.7.1: the block scatters the top-k weights into the dense matrix (``scatter_``) only
-  ``if not self.training``, while the experts' training path reads ``routing_weights[batch_idx, router_indices]``
-  from that matrix;
-- fixed upstream, verl 0.7.0: the same eval-only scatter, and the experts' training path passes the top-k weights
-  (``probs=routing_weights``) straight to ``npu_moe_token_unpermute``, with no read of the dense matrix;
-- fixed upstream, verl >= 0.8 (verl PR #6131): a statement of the block's forward body itself scatters, in every mode,
-  and no branch on ``training`` scatters.
-Anything else is ``unrecognized``.
+Every shape has the block's ``forward(self, hidden_states)`` and the experts' ``forward(self, hidden_states,
+routing_weights, router_indices)``, which the replacement calls.
+
+- ``EVAL_ONLY_SCATTER``: the block scatters the top-k weights into the dense matrix (``scatter_``) only under
+  ``if not self.training``, and the experts read ``routing_weights[batch_idx, router_indices]`` from that matrix and
+  pass no ``probs=routing_weights`` to ``npu_moe_token_unpermute``.
+- ``TOP_K_EXPERTS``: the same eval-only scatter, and the experts pass the top-k weights straight to
+  ``npu_moe_token_unpermute(..., probs=routing_weights)``, with no two-index read of the dense matrix.
+- ``ALWAYS_SCATTERS``: a statement of the block's forward body itself (in no branch, with no conditional expression
+  and no mention of ``training``) calls ``scatter_``, and no ``if not self.training`` branch scatters.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ EXPERTS = "NPUQwen3VLMoeTextExperts"
 EXPERTS_SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
 
-# The known shapes: verl 0.7.1 (affected), 0.7.0 and >= 0.8 (fixed).
 ALWAYS_SCATTERS = Shape(id="verl0.8-scatters", verdict=Verdict.FIXED_UPSTREAM, verl=">=0.8")
 EVAL_ONLY_SCATTER = Shape(id="verl0.7.1-eval-only-scatter", verdict=Verdict.APPLY, verl="==0.7.1")
 TOP_K_EXPERTS = Shape(id="verl0.7.0-top-k-experts", verdict=Verdict.FIXED_UPSTREAM, verl="==0.7.0")

@@ -1,14 +1,14 @@
-"""Patch ``npu_qwen3_vl_moe_sparse_eval``: verl's Ascend Qwen3-VL-MoE experts run their grouped path in eval too.
+"""Target of ``npu_qwen3_vl_moe_sparse_eval``: ``verl.models.transformers.npu_patch`` (imported by verl on Ascend
+only), whose ``NPUQwen3VLMoeTextExperts.forward`` is wrapped; the wrapper also calls the module's ``NPUGmmFunction``.
 
-Target: ``verl.models.transformers.npu_patch`` (imported by verl on Ascend only). Known shapes (the probe's whole
-knowledge):
-- affected, verl 0.7.0 to 0.9.1: ``NPUQwen3VLMoeTextExperts.forward(self, hidden_states, routing_weights,
-  router_indices)`` branches on ``if self.training:``; that branch permutes tokens (``npu_moe_token_permute``), runs
-  ``NPUGmmFunction.apply`` on ``self.gate_up_proj`` and ``self.down_proj`` with ``npu_swiglu`` between them, and
-  unpermutes; the ``else`` repeats every token for every expert and multiplies with ``torch.bmm``. The replacement's
-  eval is exactly that training path, so the probe checks each of those calls;
-- fixed: a forward with no ``self.training`` branch that permutes tokens, calls ``NPUGmmFunction.apply`` and makes
-  no dense product (``repeat``, ``bmm``, ``matmul``, ``einsum``): grouped in every mode. No verl release has it yet.
+Both shapes have ``forward(self, hidden_states, routing_weights, router_indices)``. Their grouped path calls
+``npu_moe_token_permute``, ``NPUGmmFunction.apply`` on ``self.gate_up_proj`` and then ``self.down_proj`` with
+``npu_swiglu`` between them, and ``npu_moe_token_unpermute``, and makes no dense product (``repeat``, ``bmm``,
+``matmul``, ``einsum``). The wrapper's eval runs exactly that path, so the probe checks each of those calls.
+
+- ``DENSE_EVAL``: one branch on ``training``, ``if self.training:``, holding the grouped path; its ``else`` repeats
+  every token for every expert (``repeat``) and multiplies with ``bmm``.
+- ``GROUPED_IN_EVERY_MODE``: no branch on ``training``, and the forward itself is the grouped path.
 """
 
 from __future__ import annotations

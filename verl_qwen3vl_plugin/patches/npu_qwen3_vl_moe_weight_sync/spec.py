@@ -1,31 +1,24 @@
-"""Patch ``npu_qwen3_vl_moe_weight_sync``: split verl's NPU Qwen3-VL-MoE experts by their own layout in the weight
-sync to the rollout (Ascend, verl >= 0.9).
+"""Targets of ``npu_qwen3_vl_moe_weight_sync``: ``verl.workers.engine.fsdp.utils``, which defines
+``unfuse_moe_params``, and ``transformer_impl``, which binds the name at its own import (``from .utils import
+unfuse_moe_params``), so the name it calls is wrapped too. A third target, ``FSDPEngine.get_per_tensor_param_shard``,
+is only reported on: a flat shard cannot be transposed where it is cut.
 
-verl 0.9's FSDP engine streams the state dict through ``unfuse_moe_params`` (``verl.workers.engine.fsdp.utils``),
-which cuts each packed ``mlp.experts.gate_up_proj`` with ``chunk(2, dim=1)``: transformers 5's ``(E, 2I, H)``
-layout. On Ascend, verl's ``NPUQwen3VLMoeTextSparseMoeBlock`` replaces transformers' block and keeps transformers
-4.57's ``(E, H, 2I)`` / ``(E, I, H)``, so the rollout receives mis-split experts.
-
-Targets: ``utils`` (the function) and ``transformer_impl``, which binds the name at its own import (``from .utils
-import unfuse_moe_params``), so the name it calls is replaced too; and, report-only, ``FSDPEngine``'s shard export.
-
-Known shapes (the probes' whole knowledge):
-- affected, verl 0.9.0 / 0.9.1: ``unfuse_moe_params(weights, model_type=None)`` (the wrapper needs ``weights``
-  first and a ``model_type`` parameter, and passes every argument through) matches
-  ``.mlp.experts.gate_up_proj`` and cuts it with ``chunk(2, dim=1)``; ``FSDPEngine.get_per_tensor_param`` passes its
-  stream through it once, as ``unfuse_moe_params(<stream>, <model type>)``; and verl's NPU experts build
-  ``gate_up_proj`` as ``(num_experts, hidden_size, 2 * expert_dim)``;
-- fixed upstream: verl's NPU experts build ``(num_experts, 2 * expert_dim, hidden_size)``, transformers 5's layout;
-- not used, verl 0.7 / 0.8: no ``unfuse_moe_params``, and every value ``get_per_tensor_param`` gives its stream is
-  ``params``, ``params.items()``, a generator of ``(name, <tensor expression>)`` over ``params.items()`` that keeps
-  each name, or the QAT quantizer's ``quantize_with_fusion(<stream>, ...)``: packed experts go out as stored, which
-  for verl's NPU block is the checkpoint layout vLLM loads;
-- shard export, verl 0.9: ``FSDPEngine.get_per_tensor_param_shard`` sends each rank's flat local shard of the state
-  dict, packed experts in their stored layout, under transformers 5's names (the delta checkpoint engine reads it).
-  On verl's NPU experts that is the wrong layout, and a flat shard cannot be transposed where it is cut: the plugin
-  does not patch it, and reports it ``unrecognized`` unless the NPU experts store transformers 5's layout. verl 0.7 /
-  0.8 have no such method; it is ``not_used`` there only where the only ``FSDPEngine`` methods that read the state
-  dict are the known ones.
+- ``SPLITS_TF5_LAYOUT``: ``unfuse_moe_params(weights, ..., model_type, ...)`` (the wrapper reads those two and passes
+  every argument through) matches ``.mlp.experts.gate_up_proj`` and cuts it with ``chunk(2, dim=1)``;
+  ``FSDPEngine.get_per_tensor_param`` passes its stream through it once, as ``per_tensor_param =
+  unfuse_moe_params(per_tensor_param, <model type>)``; and ``NPUQwen3VLMoeTextExperts.__init__`` builds
+  ``gate_up_proj`` as ``(num_experts, hidden_size, 2 * expert_dim)``.
+- ``NPU_EXPERTS_TF5_LAYOUT``: on any target, the NPU experts build ``gate_up_proj`` as ``(num_experts,
+  2 * expert_dim, hidden_size)``, the layout the split assumes.
+- ``SENDS_AS_STORED``: no ``unfuse_moe_params``, and every value ``get_per_tensor_param`` assigns to
+  ``per_tensor_param`` is ``params``, ``params.items()``, a generator of ``(name, <expression>)`` over
+  ``params.items()`` that keeps each name, or ``quantize_with_fusion(per_tensor_param, ...)``. Packed experts then go
+  out as stored, which for verl's NPU block is the checkpoint layout vLLM loads.
+- ``SHARD_EXPORT_AS_STORED``: the only ``FSDPEngine`` methods that mention ``state_dict`` are
+  ``STATE_DICT_READERS``, the module defines a shard export (``SHARD_EXPORTS``), which sends packed experts in their
+  stored layout, and the NPU experts keep ``SPLITS_TF5_LAYOUT``'s layout. Its verdict is ``unrecognized``: the doctor
+  reports it.
+- ``NO_SHARD_EXPORT``: the same known readers, and no shard export anywhere in the module.
 """
 
 from __future__ import annotations
@@ -42,10 +35,10 @@ EXPERTS = "NPUQwen3VLMoeTextExperts"
 ENGINE = "FSDPEngine"
 STREAM = "per_tensor_param"
 SHARD_EXPORT = "get_per_tensor_param_shard"
-# FSDPEngine's methods that read the module's state dict, verl 0.7.0 to 0.9.1: building, the full export, the shard
+# FSDPEngine's methods that read the module's state dict in the known releases: building, the full export, the shard
 # export and the merged-LoRA export.
 STATE_DICT_READERS = {"_build_fsdp_module", "get_per_tensor_param", SHARD_EXPORT, "_merged_lora_per_tensor_param"}
-# verl 0.9's shard and delta exports: not used only where no class of the module defines either.
+# The shard and delta exports: not used only where no class of the module defines either.
 SHARD_EXPORTS = {SHARD_EXPORT, "get_per_tensor_param_delta_shard"}
 
 

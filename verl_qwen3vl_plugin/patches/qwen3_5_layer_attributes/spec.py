@@ -1,27 +1,22 @@
-"""Patch ``qwen3_5_layer_attributes``: verl 0.9's Qwen3.5 layer forwards run on transformers >= 5.13, which renamed
-or moved the layer attributes they read.
+"""Targets of ``qwen3_5_layer_attributes``: transformers' ``modeling_qwen3_5`` and ``modeling_qwen3_5_moe``. verl's
+Qwen3.5 layer forwards read their attributes on ``self``, so the classes get the old names back, read-only, and
+verl's forwards run as written: ``layer_type`` on ``<Family>DecoderLayer``, each kernel of ``KERNELS`` on
+``<Family>GatedDeltaNet``.
 
-verl 0.9 installs its own decoder-layer and gated delta-net forwards on transformers' Qwen3.5 classes. They read
-``self.layer_type`` (transformers 5.13 renamed it ``block_type`` on the decoder layer) and the delta-net's kernels as
-attributes (``self.causal_conv1d_fn``, ``self.chunk_gated_delta_rule``, ...), which transformers 5.16 turned into
-module-level functions that pick FLA or causal-conv1d at import. The first forward dies with an AttributeError, in
-every process, on every device.
+The probe first collects the attributes of ``RENAMED`` and ``KERNELS`` that the functions of verl's ``qwen3_5`` module
+read on ``self``.
 
-Targets: ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe``. The classes get
-the old names back: ``layer_type`` reads ``block_type``; each kernel attribute is what transformers' module-level
-function dispatches to (the package's kernel found at import, else transformers' torch function; for the
-convolution None, verl's sign to run its own), as transformers <= 5.15 set them.
-
-Known shapes (the probe's whole knowledge):
-- affected: verl's ``qwen3_5`` module reads one of these attributes on ``self``, and the transformers class lacks it:
-  the decoder layer's ``__init__`` sets ``self.block_type`` and no ``self.layer_type`` (>= 5.13); the delta-net's
-  ``__init__`` sets no kernel attribute and the module defines its function decorated
-  ``@use_kernel_func_from_hub_with_fallback(...)`` (>= 5.16);
-- fixed upstream: the classes set every attribute verl's module reads (transformers <= 5.12), or verl's layer
-  forwards look ``block_type`` and the kernels up by name (``getattr(self, "block_type", None)``,
-  ``_delta_net_kernel(self, "causal_conv1d_fn")``: verl#7471);
-- not used: no Qwen3.5 module in verl (verl 0.7), or verl 0.8's: its model forward and no layer forward of its own;
-- anything else, such as a layer forward that reads none of these attributes, is unrecognized.
+- ``BLOCK_TYPE``: verl reads ``self.layer_type``, and the decoder layer's ``__init__`` sets ``self.block_type`` and
+  no ``self.layer_type``. Every kernel attribute verl reads is set.
+- ``MODULE_KERNELS``: verl reads a kernel attribute that the delta-net's ``__init__`` does not set, and the module
+  defines the matching function of ``KERNELS`` decorated ``@use_kernel_func_from_hub_with_fallback(...)`` (with the
+  rename or without it).
+- ``LAYERS_SET_WHAT_VERL_READS``: the ``__init__`` methods set every one of these attributes that verl reads.
+- ``RESOLVES_LAYER_NAMES``: verl reads none of them, and its layer forwards (functions named with ``decoder_layer``
+  or ``gated_delta_net``) look ``block_type`` and a kernel up by string, as in ``getattr(self, "block_type", None)``
+  or ``_delta_net_kernel(self, "causal_conv1d_fn")``.
+- ``NO_LAYER_FORWARDS``: verl reads none of them, and its module has ``qwen3_5_base_forward`` and no layer forward.
+- ``NO_VERL_QWEN3_5``: verl has no ``qwen3_5`` module.
 """
 
 from __future__ import annotations
@@ -35,16 +30,16 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, 
 from verl_qwen3vl_plugin.vision_towers import absent_family
 
 NEW_TYPE = "block_type"
-RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers >= 5.13's
-KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers >= 5.16's module-level function
+RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers' new name
+KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers' module-level function
     "causal_conv1d_fn": "causal_conv1d_fn",
     "causal_conv1d_update": "causal_conv1d_update",
     "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
     "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
 }
 DISPATCHER = "use_kernel_func_from_hub_with_fallback"
-MODEL_FORWARD = "qwen3_5_base_forward"  # verl >= 0.8's Qwen3.5 model forward, whatever its layers run
-LAYER_WORDS = ("decoder_layer", "gated_delta_net")  # in the names of verl 0.9's own layer forwards
+MODEL_FORWARD = "qwen3_5_base_forward"  # verl's Qwen3.5 model forward, whatever its layers run
+LAYER_WORDS = ("decoder_layer", "gated_delta_net")  # in the names of verl's own layer forwards
 
 
 def layer_forwards(tree: ast.Module) -> list[ast.FunctionDef]:

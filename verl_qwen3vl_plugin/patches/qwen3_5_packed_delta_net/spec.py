@@ -1,31 +1,28 @@
-"""Patch ``qwen3_5_packed_delta_net``: Qwen3.5's gated delta-net (linear attention) layers keep verl's packed samples
-apart, on every stack and device, and run under Ulysses SP without flash-linear-attention (FLA).
+"""Targets of ``qwen3_5_packed_delta_net``: verl's ``qwen3_5`` module, whose ``qwen3_5_gated_delta_net_forward``
+``apply_monkey_patch`` imports by name and installs on both Qwen3.5 layer classes, so the module's name is wrapped;
+and transformers' ``modeling_qwen3_5`` and ``modeling_qwen3_5_moe``, for a verl that leaves their layers in place:
+``<Family>GatedDeltaNet.forward`` is wrapped, and ``<Family>DecoderLayer.forward`` to read the boundaries from the
+packed position ids.
 
-verl packs a micro-batch into one row (``use_remove_padding``). A gated delta-net layer carries a recurrent state and
-a causal convolution along the row, so both must restart at each sample. Where they do not, log-probs are wrong and
-nothing says so.
+On verl's module, the three shapes of its delta-net forward share
+``qwen3_5_gated_delta_net_forward(self, hidden_states, cache_params, attention_mask, cu_seqlens, cu_seqlens_cpu)``,
+which calls ``_packed_chunk_gated_delta_rule``, which asks ``_call_accepts_kwarg`` about ``"cu_seqlens"``.
 
-Targets:
-- ``verl.models.transformers.qwen3_5`` (verl 0.9.x): ``qwen3_5_gated_delta_net_forward``, which
-  ``apply_monkey_patch`` imports by name and installs on both Qwen3.5 layer classes. It hands ``cu_seqlens`` to any
-  delta rule whose signature takes them or ``**kwargs``: FLA's kernel (right), and transformers >= 5.9's torch
-  fallback, which ignores them (samples mix). On transformers <= 5.8 it loops over samples in Python (right, one
-  kernel per sample), and without FLA it has no Ulysses path (``NotImplementedError``, or on >= 5.9 a silent wrong
-  answer).
-- ``transformers.models.qwen3_5.modeling_qwen3_5`` and ``..qwen3_5_moe.modeling_qwen3_5_moe`` (verl 0.8.0): verl
-  leaves transformers' layers in place and passes them no boundaries, FLA or not; its Ulysses slicing starts each
-  rank's recurrence from zero mid-sequence.
+- ``FLA_KEEPS_SAMPLES_APART``: that, where FLA is in use by transformers' own condition (``fla_in_use``).
+- ``FALLBACK_IGNORES_BOUNDARIES``: that, without FLA, where transformers' ``torch_chunk_gated_delta_rule`` takes
+  ``**kwargs``: verl's check passes and the rule ignores the boundaries.
+- ``PER_SAMPLE_LOOP``: that, without FLA, where the torch rule takes no ``**kwargs``: verl loops over the samples.
+- ``NO_DELTA_NET_FORWARD``: no ``qwen3_5_gated_delta_net_forward`` but a ``qwen3_5_base_forward``: transformers'
+  layers run, judged on their own targets.
+- ``NO_VERL_QWEN3_5``, on every target: verl has no ``qwen3_5`` module.
 
-Known shapes (the probe's whole knowledge):
-- verl 0.9.x: ``qwen3_5_gated_delta_net_forward(self, hidden_states, cache_params, attention_mask, cu_seqlens,
-  cu_seqlens_cpu)`` calling ``_packed_chunk_gated_delta_rule``, which asks ``_call_accepts_kwarg`` about
-  ``cu_seqlens``. Where FLA runs (installed, CUDA: transformers' own condition) that is FLA's varlen and
-  context-parallel kernels: fixed upstream. Elsewhere the plugin applies, saying whether transformers' fallback
-  ignores the boundaries (``**kwargs``) or verl loops.
-- verl 0.8.0: its ``qwen3_5`` module has ``qwen3_5_base_forward`` and no delta-net forward (verl target: not used);
-  transformers' ``<Family>GatedDeltaNet.forward(self, hidden_states, cache_params, ...)`` and a
-  ``<Family>DecoderLayer.forward`` that takes ``position_ids`` and calls ``self.linear_attn`` without boundaries.
-- verl 0.7.x: no Qwen3.5 forward in verl: not used.
+On transformers' modules:
+
+- ``REPLACES_LAYER_FORWARD``: verl's module defines ``qwen3_5_gated_delta_net_forward`` and its ``monkey_patch``
+  names it: verl's target acts.
+- ``NO_BOUNDARIES``: ``<Family>GatedDeltaNet.forward(self, hidden_states, cache_params, ...)``, and a
+  ``<Family>DecoderLayer.forward`` that takes ``position_ids`` and calls ``self.linear_attn(hidden_states=..., ...)``
+  once, with no ``cu_seqlens``, ``cu_seq_lens_q`` or ``seq_idx``.
 """
 
 from __future__ import annotations

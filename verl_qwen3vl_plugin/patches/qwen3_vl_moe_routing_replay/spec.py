@@ -1,35 +1,30 @@
-"""Patch ``qwen3_vl_moe_routing_replay``: verl's FSDP path honours ``router_replay.mode`` (R2, R3) for Qwen3-VL-MoE
-and Qwen3.5-MoE, so training routes each token to the experts the rollout (R3) or the old-log-prob pass (R2) chose.
+"""Targets of ``qwen3_vl_moe_routing_replay``: the routers (transformers' Qwen3-VL-MoE sparse block or top-k router,
+Qwen3.5-MoE's top-k router, verl's NPU block), which take their top-k ids from the micro-batch's record, and the verl
+code that lays out the tokens (the legacy actor and its worker, or the FSDP engine), which lays the record out alike.
+Each wrapper calls upstream's code unchanged unless the actor's (or engine's) own ``router_replay.mode`` is R2 or R3,
+and the routers call upstream's forward unless a micro-batch's routes cover them.
 
-Off by default: every wrapper calls upstream's code unchanged unless the actor's (or engine's) own
-``router_replay.mode`` is R2 or R3, and the routers call upstream's forward unless a micro-batch's routes cover them.
-
-Targets, each judged by its shape alone (the probes' whole knowledge):
-- routers, transformers' ``modeling_qwen3_vl_moe``:
-  - ``Qwen3VLMoeTextSparseMoeBlock.forward`` (4.57): ``(self, hidden_states)`` routes itself (``self.gate``,
-    softmax, ``topk``) and calls ``self.experts`` with the hidden states, the routing weights and the indices, and
-    returns a pair. Not used (5.x): it calls ``self.gate`` for its routes, and the module defines the top-k router;
-  - ``Qwen3VLMoeTextTopKRouter.forward`` (5.x): ``(self, hidden_states)``, ``linear`` on ``self.weight``, softmax,
-    ``topk``, returns three values: the logits first (5.8 and later), or the probabilities where the softmax is
-    assigned to ``router_logits`` (5.3), which replay returns alike. Not used where the class is absent and the
-    sparse block routes (4.57);
-- router, transformers' ``modeling_qwen3_5_moe`` (>= 5.2): ``Qwen3_5MoeTopKRouter.forward``, the same shape; not used
-  where transformers has no Qwen3.5-MoE;
-- router, verl's ``npu_patch``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` (verl 0.7 to 0.9), 4.57's shape with
-  the experts' output alone returned, its routing and experts one of ``npu_qwen3_vl_moe_routing``'s known shapes
-  (0.7.0's experts read top-k weights in training: replay hands them those); not used where verl has no
-  ``npu_patch``;
-- verl 0.7's legacy actor, ``dp_actor``: ``DataParallelPPOActor`` with ``_forward_micro_batch(self, micro_batch,
-  ...)`` that unpads with ``unpad_input``, pads with ``ulysses_pad`` and gathers with ``gather_outputs_and_unpad``
-  and ``pad_input``; ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` that ``select``
-  their keys; nothing in the class about ``routed_experts`` or ``router_replay``. Not used (verl >= 0.8): no module;
-- its worker, ``fsdp_workers:ActorRolloutRefWorker.compute_log_prob(self, data)``: calls
-  ``self.actor.compute_log_prob`` and builds its output with ``DataProto.from_dict``, no ``routed_experts``. Not
-  used (verl >= 0.8): no module;
-- verl's FSDP engine, ``transformer_impl``: ``FSDPEngine.forward_backward_batch(self, data, loss_function,
-  forward_only)``, ``FSDPEngineWithLMHead.prepare_model_inputs(self, micro_batch)`` that sets
-  ``output_args["pad_size"]`` after ``ulysses_pad``, and ``prepare_model_outputs(self, output, output_args,
-  micro_batch, ...)``; neither class reads ``router_replay`` (verl 0.7.0 to 0.9.1).
+- ``BLOCK_ROUTES``: ``Qwen3VLMoeTextSparseMoeBlock.forward(self, hidden_states)`` calls ``self.gate``, ``softmax``
+  and ``topk``, calls ``self.experts`` with three arguments (hidden states, routing weights, indices) and returns a
+  pair. ``NO_TOP_K_ROUTER``: that block, and no ``Qwen3VLMoeTextTopKRouter``.
+- ``BLOCK_TAKES_ROUTER_ROUTES``: the block's forward calls ``self.gate`` and no ``topk``, and the module defines
+  ``Qwen3VLMoeTextTopKRouter``, whose target acts.
+- ``RETURNS_PROBABILITIES`` and ``RETURNS_LOGITS``: a top-k router's ``forward(self, hidden_states)`` calls ``linear``
+  on ``self.weight``, ``softmax`` and ``topk`` and returns three values. ``RETURNS_PROBABILITIES``'s assigns the
+  softmax to ``router_logits``, so its first value is the probabilities, and ``RETURNS_LOGITS``'s does not. Replay
+  returns the first value alike.
+- ``NPU_BLOCK_ROUTES``: ``NPUQwen3VLMoeTextSparseMoeBlock.forward`` has ``BLOCK_ROUTES``'s shape but returns the
+  experts' output alone, keyed by the ``npu_qwen3_vl_moe_routing`` shape of the block and its experts. On its
+  ``TOP_K_EXPERTS`` the experts read top-k weights in training, and replay hands them those.
+- ``ACTOR_WITHOUT_REPLAY``: ``DataParallelPPOActor._forward_micro_batch(self, micro_batch, ...)`` calls every one of
+  ``ACTOR_LAYOUT``, ``compute_log_prob(self, data, ...)`` and ``update_policy(self, data, ...)`` call ``select``, and
+  the class names neither ``routed_experts`` nor ``router_replay``.
+- ``WORKER_LOG_PROBS_ONLY``: ``ActorRolloutRefWorker.compute_log_prob(self, data)`` calls
+  ``self.actor.compute_log_prob`` and ``from_dict``, and names neither.
+- ``ENGINE_WITHOUT_REPLAY``: ``FSDPEngine.forward_backward_batch(self, data, loss_function, forward_only)``,
+  ``FSDPEngineWithLMHead.prepare_model_inputs(self, micro_batch)`` calling ``ulysses_pad`` and assigning a
+  ``["pad_size"]`` item, and ``prepare_model_outputs(self, output, output_args, micro_batch, ...)``, in classes that
+  name neither. ``NO_LEGACY_ACTOR``: no legacy actor or worker module, and that engine.
 """
 
 from __future__ import annotations
@@ -51,20 +46,20 @@ from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NP
 from verl_qwen3vl_plugin.vision_towers import absent_family
 
 BLOCK, ROUTER = f"{QWEN3_VL_MOE.prefix}TextSparseMoeBlock", f"{QWEN3_VL_MOE.prefix}TextTopKRouter"
-# Qwen3.5-MoE (transformers >= 5.2): every decoder layer, gated delta-net or full attention, has a sparse block whose
-# top-k router has Qwen3-VL-MoE's transformers 5 shape.
+# Qwen3.5-MoE: every decoder layer, gated delta-net or full attention, has a sparse block whose top-k router has the
+# shape of Qwen3-VL-MoE's.
 QWEN3_5_ROUTER = f"{QWEN3_5_MOE.prefix}TopKRouter"
 NPU_BLOCK = f"NPU{BLOCK}"
 ACTOR, WORKER = "DataParallelPPOActor", "ActorRolloutRefWorker"
 ENGINE_CLASS, ENGINE_LM_CLASS = "FSDPEngine", "FSDPEngineWithLMHead"
 UPSTREAM_REPLAY = ("routed_experts", "router_replay")
 ACTOR_LAYOUT = ("unpad_input", "ulysses_pad", "gather_outputs_and_unpad", "pad_input")
-# The top-k routers' known shapes, the softmax or the logits first (ranges read in the 5.3.0 to 5.22.2 wheels; the
-# ids predate the 5.6 boundary).
+# The top-k routers' known shapes, the softmax or the logits first. The ids are older than the ranges, which were
+# read in the wheels: an id's release need not be its range's first.
 RETURNS_PROBABILITIES = Shape(id="tf5.3-router-returns-probabilities", verdict=Verdict.APPLY, transformers=">=5,<5.6")
 RETURNS_LOGITS = Shape(id="tf5.8-router-returns-logits", verdict=Verdict.APPLY, transformers=">=5.6")
 # verl's NPU block, by the routing it has (the routing patch's probe reads it): replay's experts take its weights in
-# the form that routing reads, dense or top-k (verl 0.7.0's training path).
+# the form that routing reads, dense or top-k.
 NPU_BLOCK_ROUTES = {
     npu_routing.EVAL_ONLY_SCATTER.id: Shape(
         id="npu-block-routes-itself/verl0.7.1-eval-only-scatter", verdict=Verdict.APPLY, verl="==0.7.1"

@@ -1,18 +1,14 @@
-"""Patch ``qwen3_vl_moe_sparse_experts``: one sparse, grouped ``Qwen3VLMoeTextExperts.forward`` for training and eval
-(transformers 4.57.x).
+"""Target of ``qwen3_vl_moe_sparse_experts``: transformers' Qwen3-VL-MoE modeling module, whose
+``Qwen3VLMoeTextExperts.forward`` is replaced. Where verl's Ascend ``npu_patch`` replaces the whole sparse MoE block,
+the patched experts never run: the patch is applied but dormant there (``replaced_on_npu``).
 
-Target: transformers' Qwen3-VL-MoE modeling module. Known shapes (the probe's whole knowledge):
-- affected, transformers 4.57: ``forward(self, hidden_states, routing_weights, router_indices)`` with a dense eval
-  branch (``hidden_states.repeat(...)`` and ``torch.bmm`` over all experts) and a Python loop over experts;
-- fixed upstream, transformers 5: the class is decorated ``@use_experts_implementation`` (bare, as imported from
-  ``integrations``), and its own ``forward``, the eager path, computes no dense product over all experts (no
-  ``repeat``, ``bmm``, ``matmul`` or ``einsum``, no ``linear`` or ``@`` on a whole packed parameter).
-
-``apply`` also needs transformers 4.57's packing, ``gate_up_proj`` built as ``(num_experts, hidden_size,
-2 * expert_dim)``: the replacement multiplies with that layout.
-
-Where verl's Ascend ``npu_patch`` replaces the whole sparse MoE block (verl 0.7.0 to 0.9.1), the patched experts never
-run: the patch is applied but dormant there.
+- ``DENSE_EVAL``: the class has no decorator, its ``__init__`` builds ``gate_up_proj`` as ``LAYOUT``, the packing the
+  replacement multiplies with, and ``forward(self, hidden_states, routing_weights, router_indices)`` calls ``repeat``
+  and ``bmm``: a dense eval branch over all experts.
+- ``EXPERTS_IMPLEMENTATION``: the class is decorated with a bare ``@use_experts_implementation``, imported from
+  transformers' ``integrations`` by a relative import, and its own ``forward``, the eager path, computes no dense
+  product over all experts: no ``repeat``, ``bmm``, ``matmul`` or ``einsum``, and no ``linear`` or ``@`` on a whole
+  packed parameter.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ SIGNATURE = ["self", "hidden_states", "routing_weights", "router_indices"]
 
 
 DENSE_OPS = ("repeat", "bmm", "matmul", "einsum")
-# transformers 4.57's packing, which the replacement multiplies with: (E, H, 2I).
+# The affected experts' packing, which the replacement multiplies with: (E, H, 2I).
 LAYOUT = ["self.num_experts", "self.hidden_size", "2 * self.expert_dim"]
 
 

@@ -1,30 +1,26 @@
-"""Patch ``qwen3_vl_nested_position_ids``: verl's FSDP engine gets multimodal ``position_ids`` ragged along the
-sequence, whatever the samples' lengths.
+"""Targets of ``qwen3_vl_nested_position_ids``: the modules that call ``maybe_fix_3d_position_ids`` on every batch
+before they split or read it, ``verl.workers.engine_workers`` (``TrainingWorker``), ``verl.workers.engine.base``
+(``BaseEngine``) and ``verl.workers.engine_workers_tinker`` (``TinkerTrainingWorker``, whose ``forward_backward``
+calls it and then the engine's ``forward_backward_batch``, past ``BaseEngine``). Each binds the name at import, so the
+name is replaced there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when
+their target is imported, not at ``import verl``. The fourth target is the FSDP engine's split into micro-batches,
+``prepare_micro_batches`` as ``verl.workers.engine.fsdp.transformer_impl`` binds it: a split that rebuilds each nested
+field with ``as_nested_tensor`` rope-packs an equal-length micro-batch again after the callers' fix, so the wrapper
+fixes each micro-batch once more.
 
-verl's ``maybe_fix_3d_position_ids(data)`` (``verl.utils.tensordict_utils``, verl 0.7.1 to 0.9.1) only sets
-``_ragged_idx = 2``: right for a sequence-packed tensor whose index a pickle round trip reset, wrong for the
-rope-packed layout TransferQueue (verl 0.9's data path) builds when every sample has one length, which it turns into
-an inconsistent tensor. verl 0.9.1 then crashes on Qwen3-VL and Qwen3.5 as soon as a batch's sequences share a length
-(GRPO's n responses cut at the same maximum).
+- ``RELABELS_RAGGED_INDEX``: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
+  where it is ``(data)`` and its whole body is ``if KNOWN_TEST: KNOWN_BODY``, which sets ``_ragged_idx = 2`` on a
+  3-d nested ``data["position_ids"]``.
+- ``NO_3D_POSITION_FIX``: the caller's class is there and its module never names the function. On the engine target
+  it is a repacking split where ``tensordict_utils`` has no such function.
+- ``NO_TINKER_WORKER``: no ``engine_workers_tinker`` module.
+- ``SPLITS_REPACK``: ``transformer_impl`` imports ``prepare_micro_batches`` from verl's engine utils and calls it,
+  ``index_select_tensor_dict`` or ``chunk_tensordict`` calls ``as_nested_tensor``, and the function has
+  ``RELABELS_RAGGED_INDEX``'s body.
+- ``SPLITS_KEEP_RAGGED_INDEX``: the same call, and both splits rebuild with ``nested_tensor_from_tensor_list(...,
+  ragged_idx=...)``, neither with ``as_nested_tensor``.
 
-Targets: the modules that call it on every batch before they split or read it, ``verl.workers.engine_workers``
-(``TrainingWorker``), ``verl.workers.engine.base`` (``BaseEngine``) and, from verl 0.9,
-``verl.workers.engine_workers_tinker`` (``TinkerTrainingWorker``: its ``forward_backward`` calls it, then the
-engine's ``forward_backward_batch``, past ``BaseEngine``). Each binds the name at import, so the name is replaced
-there. ``tensordict_utils`` itself is left alone: ``import verl`` imports it, and patches apply when their target is
-imported, not at ``import verl``. The fourth target is the FSDP engine's split into micro-batches
-(``prepare_micro_batches`` as ``verl.workers.engine.fsdp.transformer_impl`` binds it): verl 0.7's splits rebuild each
-nested field with ``as_nested_tensor``, which rope-packs an equal-length micro-batch again after the callers' fix, so
-each micro-batch is fixed once more after the split.
-
-Known shapes (the probe's whole knowledge):
-- affected, verl 0.7.1 to 0.9.1: the caller imports ``maybe_fix_3d_position_ids`` from ``verl.utils.tensordict_utils``,
-  whose whole body is verl's one ``if`` on a 3-d nested ``data["position_ids"]`` that sets its ``_ragged_idx = 2``;
-- not used, verl 0.7.0: the caller's class (``TrainingWorker`` / ``BaseEngine``) is there and never names the function;
-- the FSDP engine's split: ``apply`` where ``index_select_tensor_dict`` or ``chunk_tensordict`` calls
-  ``as_nested_tensor`` and the fix has verl 0.7.1's body; ``fixed_upstream`` where both rebuild with
-  ``nested_tensor_from_tensor_list(..., ragged_idx=...)`` (verl >= 0.8); ``not_used`` on verl 0.7.0 as above;
-- any other body is ``unrecognized`` (verl#7901's fix among them: no code of it could be read, only its description).
+Any other body is unrecognized, verl#7901's fix among them: no code of it could be read, only its description.
 """
 
 from __future__ import annotations

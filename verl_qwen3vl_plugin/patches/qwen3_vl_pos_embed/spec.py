@@ -1,20 +1,15 @@
-"""Patch ``qwen3_vl_pos_embed``: the plugin's ``fast_pos_embed_interpolate`` on the vision towers of Qwen3-VL,
-Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (``Qwen3VLVisionModel``, ``Qwen3VLMoeVisionModel``, ``Qwen3_5VisionModel``,
-``Qwen3_5MoeVisionModel``), which share the method and the table.
+"""Targets of ``qwen3_vl_pos_embed``: transformers' four modeling modules, where the plugin's function is set on the
+vision class (a missing Qwen3.5 module is "not used"), and verl's ``monkey_patch``, whose ``apply_monkey_patch`` may
+set verl's own copies while it builds a model: it is wrapped to put the plugin's function back afterwards, on the
+classes the plugin patched.
 
-Targets: transformers' four modeling modules (set the plugin's function on the vision class; the Qwen3.5 ones exist
-from transformers 5.2, so an older one is "not used"), and verl's ``monkey_patch`` module, whose
-``apply_monkey_patch`` (verl >= 0.8) sets verl's own, slower copies (one per family) while building a model: it is
-wrapped to put the plugin's function back afterwards.
-
-Known shapes (the probes' whole knowledge):
-- affected, transformers 4.57 to 5.8: the vision ``forward`` calls ``self.fast_pos_embed_interpolate``, a method of
-  ``(self, grid_thw)``;
-- not used, transformers >= 5.9: the module imports ``get_vision_bilinear_indices_and_weights`` from
-  ``vision_utils`` and the vision ``forward`` calls it by that name on ``grid_thw`` (the method is no longer called);
-  from 5.16 the helper is ``get_vision_interpolation_indices_and_weights`` (5.18 also drops the method);
-- ``apply_monkey_patch``, any verl: wrapped. verl >= 0.8 sets its own method there, verl 0.7 does not; the wrapper is
-  right either way, so there is no "not used" verdict to reach by not seeing an assignment.
+- ``METHOD_ON_TABLE_DEVICE``: the vision ``forward`` calls ``self.fast_pos_embed_interpolate``, a method of
+  ``(self, grid_thw)``.
+- ``FIXED_HELPERS``, one shape per helper's name: the module imports the helper from ``vision_utils`` (relative
+  import), and the vision ``forward`` calls it by that name on ``grid_thw``.
+- ``SETS_OWN_METHOD``: ``apply_monkey_patch`` assigns a ``fast_pos_embed_interpolate`` attribute.
+- ``SETS_NO_METHOD``: it assigns none. The wrapper is right either way, so this target has no "not used" verdict to
+  reach by not seeing an assignment.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
 
 METHOD = "fast_pos_embed_interpolate"
 METHOD_ON_TABLE_DEVICE = Shape(id="tf4.57-method-on-table-device", verdict=Verdict.APPLY, transformers="<5.9")
-# transformers >= 5.9 computes the interpolation with a pure function of grid_thw, on its device: the helper's name,
+# Newer transformers compute the interpolation with a pure function of grid_thw, on its device: the helper's name,
 # and the shape of the transformers that calls it.
 FIXED_HELPERS = {
     "get_vision_bilinear_indices_and_weights": Shape(

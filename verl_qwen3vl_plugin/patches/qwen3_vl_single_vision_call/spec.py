@@ -1,20 +1,18 @@
-"""Patch ``qwen3_vl_single_vision_call``: verl's Qwen3-VL(-MoE) and Qwen3.5(-MoE) forwards call the vision tower
-once per micro-batch, whatever the micro-batch holds.
+"""Targets of ``qwen3_vl_single_vision_call``: verl's ``verl.models.transformers.qwen3_vl`` and
+``verl.models.transformers.qwen3_5``. ``apply_monkey_patch`` makes ``qwen3_vl_base_forward`` and
+``qwen3_5_base_forward`` the forwards of the family's models, and each looks up its module's ``_get_input_embeds``
+at each call, so replacing the module's name is enough, before or after ``apply_monkey_patch``.
 
-Targets: verl's ``verl.models.transformers.qwen3_vl`` and ``verl.models.transformers.qwen3_5`` (verl >= 0.8; "not
-used" where it is absent). ``apply_monkey_patch`` makes ``qwen3_vl_base_forward`` the forward of ``Qwen3VLModel``
-and ``Qwen3VLMoeModel`` (verl 0.7.0 to 0.9.1), ``qwen3_5_base_forward`` that of ``Qwen3_5Model`` and
-``Qwen3_5MoeModel`` (0.8.0 to 0.9.1), every device; each forward looks up its module's ``_get_input_embeds`` at each
-call: replacing the module's name is enough, before or after ``apply_monkey_patch``.
+Both tower shapes have ``_get_input_embeds(model, input_ids, attention_mask, pixel_values, pixel_values_videos,
+image_grid_thw, video_grid_thw)`` and no other parameters, called by the module's ``<model_type>_base_forward``, and
+one ``return`` of a dict with the keys of ``OUTPUTS``.
 
-Known shapes (the probe's whole knowledge):
-- affected, verl 0.7.0 to 0.9.1 (Qwen3-VL), 0.8.0 to 0.9.1 (Qwen3.5): ``_get_input_embeds(model, input_ids,
-  attention_mask, pixel_values, pixel_values_videos, image_grid_thw, video_grid_thw)`` with one ``model.visual(...)``
-  call under ``if pixel_values is not None``, one under ``if pixel_values_videos is not None`` and the text-only
-  dummy (three in all), returning the dict of ``inputs_embeds``, ``attention_mask``, and for Qwen3-VL
-  ``visual_pos_masks`` and ``deepstack_visual_embeds``;
-- fixed, verl#7323 (open): the same function, its one tower call outside any loop on images and videos joined by
-  ``torch.cat`` (the text-only dummy aside); no release has it yet. Any other shape is ``unrecognized``.
+- ``TWO_TOWER_CALLS``: three ``model.visual(...)`` calls, one under a top-level ``if pixel_values is not None``, one
+  under ``if pixel_values_videos is not None`` and the text-only dummy.
+- ``ONE_TOWER_CALL``: two calls, in neither of those branches and in no loop: the text-only dummy (under ``if
+  pixel_values is None and pixel_values_videos is None``) and one whose pixels are ``torch.cat`` of the media, inline
+  or through a name the same top-level statement assigns.
+- ``NO_VERL_QWEN3_5``: verl has no ``qwen3_5`` module.
 """
 
 from __future__ import annotations

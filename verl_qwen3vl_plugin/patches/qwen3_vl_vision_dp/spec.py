@@ -1,15 +1,13 @@
-"""Patch ``qwen3_vl_vision_dp``: the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE vision towers split their
-images over verl's Ulysses group instead of every rank running all of them.
+"""Targets of ``qwen3_vl_vision_dp``: transformers' four modeling modules, where the vision class's ``forward`` is
+wrapped. Each decision reads two sources, since the patch is right only where both hold. The wrapper does nothing
+until verl sets a Ulysses group of more than one rank.
 
-Targets: transformers' four modeling modules (wrap the vision class's ``forward``; Qwen3.5's exist from
-transformers 5.2). Each decision reads two sources, since the patch is only right where both hold:
-- the vision ``forward(self, hidden_states, grid_thw, **kwargs)`` returns the merged embeddings, with Qwen3-VL's
-  deepstack features as a 2-tuple (transformers 4.57) or ``BaseModelOutputWithDeepstackFeatures`` (5.x), or, for
-  Qwen3.5 (no deepstack), as ``BaseModelOutputWithPooling``;
-- verl's ``apply_monkey_patch`` slices that family's inputs at the language model's entry
-  (``patch_vlm_for_ulysses_input_slicing``: Qwen3-VL in verl 0.7.0 to 0.9.1, Qwen3.5 in 0.8.0 to 0.9.1), so every
-  rank of the group holds every image.
-The wrapper does nothing until verl sets a Ulysses group of more than one rank.
+- ``SLICES_AFTER_TOWER``, verl's side, which the self-test also reads: ``apply_monkey_patch`` calls
+  ``patch_vlm_for_ulysses_input_slicing`` in a call that names the family's line, so verl slices the inputs at the
+  language model's entry and every rank of the group holds every image.
+- ``TOWER_ON_EVERY_RANK``: that, and the vision ``forward(self, hidden_states, grid_thw, **kwargs)`` returns, for
+  Qwen3-VL, a 2-tuple or ``BaseModelOutputWithDeepstackFeatures(...)``, for Qwen3.5 (no deepstack),
+  ``BaseModelOutputWithPooling(...)``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""Patch ``vision_placeholder_ban``: the rollout never samples ``<|image_pad|>`` / ``<|video_pad|>`` on verl 0.7 /
-0.8, and a sequence holding one fails by name where verl's agent loop first pairs it.
+"""Targets of ``vision_placeholder_ban``, each binding its name at call time from its module or class, so the name is
+replaced there. verl's vLLM worker extension runs ``monkey_patch_compute_logits`` (``vllm_rollout.utils``) in vLLM's
+worker process (``vLLMColocateWorkerExtension.monkey_patch_model``), and an older rollout worker runs
+``_monkey_patch_compute_logits`` (``vllm_rollout.vllm_rollout``) after it loads vLLM's model. A release has one of the
+two. The agent-loop worker's ``_compute_position_ids`` is wrapped so that, whatever engine sampled a placeholder, a
+ValueError names the sample and the fix before transformers' bare exception. The trainer's own pairing names it too
+(``qwen3_vl_single_vision_call``'s ``_get_input_embeds``).
 
-A sampled placeholder kills the next pass that pairs placeholders with vision features: ``get_rope_index`` raises
-``StopIteration`` (an image) or ``TypeError`` (a video) on transformers >= 5, and the trainer's token count raises
-its mismatch ``ValueError`` (verl #5817, #7038). verl 0.9 bans them in its vLLM rollout (``banned_token_ids``).
-
-Targets, each binding its name at call time from its module or class:
-- ``verl.workers.rollout.vllm_rollout.utils``: ``monkey_patch_compute_logits``, which verl's vLLM worker extension
-  runs in vLLM's worker process (``vLLMColocateWorkerExtension.monkey_patch_model``), verl 0.7.1 / 0.8.0;
-- ``verl.workers.rollout.vllm_rollout.vllm_rollout``: ``_monkey_patch_compute_logits``, which verl 0.7.0's rollout
-  worker runs after it loads vLLM's model;
-- ``verl.experimental.agent_loop.agent_loop``: the agent-loop worker's ``_compute_position_ids``, every verl: whatever
-  engine sampled the placeholder, a ValueError names the sample and the fix before transformers' bare exception. The
-  trainer's own pairing names it too (``qwen3_vl_single_vision_call``'s ``_get_input_embeds``).
-
-Known shapes (the probes' whole knowledge):
-- affected, verl 0.7.0 / 0.7.1 / 0.8.0: ``(model, vocab_size)``, assigning ``model.compute_logits``;
-- fixed upstream, verl 0.9.0 / 0.9.1: the function takes ``banned_token_ids``;
-- not used: the module lacks the function and never names ``compute_logits``, and is verl's (0.7.0's utils, with
-  ``get_vllm_max_lora_rank``; 0.7.1's and later vllm_rollout, with ``ServerAdapter``);
-- guard, verl 0.7.0 to 0.9.1: a class whose ``_compute_position_ids(self, input_ids, ...)`` calls the processor's
+- ``LOGITS_WITHOUT_BAN``: the function is ``(model, vocab_size)`` and assigns ``model.compute_logits``.
+- ``BANNED_TOKEN_IDS``: the function takes ``banned_token_ids``.
+- ``LOGITS_PATCHED_ELSEWHERE``: the module lacks the function, never names ``compute_logits``, and is verl's, known by
+  what it defines instead (``OTHERWISE``).
+- ``AGENT_LOOP_ROPE_INDEX``: a top-level class whose ``_compute_position_ids(self, input_ids, ...)`` names
   ``get_rope_index``.
 """
 
@@ -34,7 +25,7 @@ from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, 
 from verl_qwen3vl_plugin.upstream import AGENT_LOOP, VLLM_ROLLOUT, VLLM_ROLLOUT_UTILS
 
 LOGITS = {VLLM_ROLLOUT_UTILS: "monkey_patch_compute_logits", VLLM_ROLLOUT: "_monkey_patch_compute_logits"}
-# What the module defines where it patches no logits: verl 0.7.0's utils, verl >= 0.7.1's vllm_rollout.
+# What the module defines in a release whose logits patch is in the other module.
 OTHERWISE = {VLLM_ROLLOUT_UTILS: "get_vllm_max_lora_rank", VLLM_ROLLOUT: "ServerAdapter"}
 POSITIONS = "_compute_position_ids"
 
@@ -84,7 +75,7 @@ def probe_positions(tree: ast.Module) -> Decision:
     )
 
 
-# Where each module's shapes are seen: verl 0.7.0 patches the logits in vllm_rollout, 0.7.1 and later in utils.
+# Where each module's shapes are seen: the logits patch moved from vllm_rollout to utils.
 LOGITS_SHAPES = {
     VLLM_ROLLOUT_UTILS: (
         LOGITS_PATCHED_ELSEWHERE.narrowed(verl="==0.7.0"),
