@@ -243,7 +243,8 @@ def smoke() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="on the CPU: what of each check runs without CUDA")
-    if parser.parse_args().smoke:
+    args = parser.parse_args()
+    if args.smoke:
         return smoke()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)

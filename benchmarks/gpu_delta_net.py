@@ -18,6 +18,7 @@ reference), and this package; not verl (its loop is a per-sample loop over that 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import warnings
@@ -161,11 +162,10 @@ def smoke() -> int:
     print("SMOKE RUN on the CPU: check 1, and what of check 2 runs without CUDA; no timing")
     print("correctness:", flush=True)
     ok = check_correctness()
-    for dtype in (torch.float32, torch.bfloat16):
-        for backward in (False, True):
-            args = inputs(CHECK_LENGTHS, 2, dtype, backward)
-            for fn in IMPLS.values():
-                run(fn, args, CHECK_LENGTHS, backward)
+    for dtype, backward in itertools.product((torch.float32, torch.bfloat16), (False, True)):
+        args = inputs(CHECK_LENGTHS, 2, dtype, backward)
+        for fn in IMPLS.values():
+            run(fn, args, CHECK_LENGTHS, backward)
     print(f"  {', '.join(IMPLS)}: forward and forward + backward on {CHECK_LENGTHS}, fp32 and bf16")
     print(f"correctness: {'ok' if ok else 'FAILED'}")
     return 0 if ok else 1

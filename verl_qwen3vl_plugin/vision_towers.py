@@ -11,7 +11,8 @@ import ast
 from collections.abc import Callable
 
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
-from verl_qwen3vl_plugin.registry import Decision, Shape, Target, Verdict
+from verl_qwen3vl_plugin.family_shapes import absent_family
+from verl_qwen3vl_plugin.registry import Decision, Shape, Target
 
 # transformers module -> its vision class
 VISION_CLASSES = {family.modeling: family.vision_class for family in FAMILIES}
@@ -48,12 +49,3 @@ def vision_targets(
         )
 
     return tuple(target(family) for family in FAMILIES)
-
-
-def absent_family(family: Family) -> Shape:
-    """A transformers before ``family``'s first release: its modeling module is missing, and not used."""
-    return Shape(
-        id=f"no-{family.model_type}",
-        verdict=Verdict.NOT_USED,
-        transformers=f"<{'.'.join(map(str, family.transformers))}",
-    )

@@ -241,19 +241,18 @@ PATCH = Patch(
     title="Ascend Qwen3-VL-MoE experts split by their own layout in the weight sync",
     group=NPU,
     targets=(
-        Target(
-            module=FSDP_ENGINE_UTILS,
-            probe=probe_utils,
-            apply=_apply,
-            reads=(FSDP_ENGINE, NPU_PATCH),
-            shapes=(SPLITS_TF5_LAYOUT, SENDS_AS_STORED, NPU_EXPERTS_TF5_LAYOUT),
-        ),
-        Target(
-            module=FSDP_ENGINE,
-            probe=probe_caller,
-            apply=_apply,
-            reads=(FSDP_ENGINE_UTILS, NPU_PATCH),
-            shapes=(SPLITS_TF5_LAYOUT, SENDS_AS_STORED, NPU_EXPERTS_TF5_LAYOUT),
+        *(
+            Target(
+                module=module,
+                probe=probe,
+                apply=_apply,
+                reads=(other, NPU_PATCH),
+                shapes=(SPLITS_TF5_LAYOUT, SENDS_AS_STORED, NPU_EXPERTS_TF5_LAYOUT),
+            )
+            for module, probe, other in (
+                (FSDP_ENGINE_UTILS, probe_utils, FSDP_ENGINE),
+                (FSDP_ENGINE, probe_caller, FSDP_ENGINE_UTILS),
+            )
         ),
         Target(
             module=FSDP_ENGINE,

@@ -26,8 +26,8 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, verl_forward_tree
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
-from verl_qwen3vl_plugin.vision_towers import absent_family
 
 NEW_TYPE = "block_type"
 RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers' new name
@@ -63,7 +63,7 @@ def resolved_names(functions: list[ast.FunctionDef]) -> set[str]:
     }
 
 
-NO_VERL_QWEN3_5 = Shape(id="no-verl-qwen3.5", verdict=Verdict.NOT_USED, verl="<0.8")
+NO_VERL_QWEN3_5 = absent_in_verl(QWEN3_5)
 NO_LAYER_FORWARDS = Shape(id="verl0.8-no-layer-forwards", verdict=Verdict.NOT_USED, verl=">=0.8,<0.9")
 LAYERS_SET_WHAT_VERL_READS = Shape(
     id="layers-set-what-verl-reads", verdict=Verdict.FIXED_UPSTREAM, verl=">=0.9", transformers="<5.13"
@@ -137,14 +137,12 @@ def _reading_no_old_name(verl: ast.Module) -> Decision:
 
 
 def probe(tree: ast.Module, family: Family) -> Decision:
-    verl = environment.source_of(QWEN3_5.verl_forward)
-    if verl.tree is None:
-        if verl.missing:
-            return NO_VERL_QWEN3_5.decision(QWEN3_5.missing("verl"))
-        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
-    reads = verl_reads(verl.tree)
+    verl = verl_forward_tree(QWEN3_5)
+    if isinstance(verl, Decision):
+        return verl
+    reads = verl_reads(verl)
     if not reads:
-        return _reading_no_old_name(verl.tree)
+        return _reading_no_old_name(verl)
     found = missing(tree, family, reads)
     if isinstance(found, str):
         return unrecognized(found)

@@ -33,10 +33,10 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
+from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, verl_forward_tree
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.spec import DISPATCHER
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
-from verl_qwen3vl_plugin.vision_towers import absent_family
 
 FUNCTION = "qwen3_5_gated_delta_net_forward"  # in verl's Qwen3.5 forward module; apply_monkey_patch installs it
 PARAMETERS = ["self", "hidden_states", "cache_params", "attention_mask", "cu_seqlens", "cu_seqlens_cpu"]
@@ -51,7 +51,7 @@ FLA_KEEPS_SAMPLES_APART = Shape(
     verdict=Verdict.FIXED_UPSTREAM,
     elsewhere="verl >= 0.9 with FLA in use (installed, on CUDA; on any device with transformers >= 5.16)",
 )
-NO_VERL_QWEN3_5 = Shape(id="no-verl-qwen3.5", verdict=Verdict.NOT_USED, verl="<0.8")
+NO_VERL_QWEN3_5 = absent_in_verl(QWEN3_5)
 FALLBACK_IGNORES_BOUNDARIES = Shape(
     id="verl0.9-tf5.9-fallback-ignores-boundaries", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.9"
 )
@@ -126,12 +126,10 @@ def _linear_attn_keywords(decoder_forward: ast.FunctionDef) -> set[str] | None:
 
 
 def probe_transformers(tree: ast.Module, family: Family) -> Decision:
-    verl = environment.source_of(QWEN3_5.verl_forward)
-    if verl.tree is None:
-        if verl.missing:
-            return NO_VERL_QWEN3_5.decision(QWEN3_5.missing("verl"))
-        return unrecognized(f"{QWEN3_5.verl_forward} {verl.problem}")
-    if syntax.find_function(verl.tree, FUNCTION) is not None and syntax.mentions(
+    verl = verl_forward_tree(QWEN3_5)
+    if isinstance(verl, Decision):
+        return verl
+    if syntax.find_function(verl, FUNCTION) is not None and syntax.mentions(
         environment.tree(MONKEY_PATCH) or ast.Module(body=[], type_ignores=[]), FUNCTION
     ):
         return REPLACES_LAYER_FORWARD.decision(

@@ -35,6 +35,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
+from verl_qwen3vl_plugin.family_shapes import absent_family
 from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as npu_routing
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import (
     ENGINE_SWITCH,
@@ -43,7 +44,6 @@ from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import (
 )
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, FSDP_ENGINE, FSDP_WORKERS, NPU_PATCH
-from verl_qwen3vl_plugin.vision_towers import absent_family
 
 BLOCK, ROUTER = f"{QWEN3_VL_MOE.prefix}TextSparseMoeBlock", f"{QWEN3_VL_MOE.prefix}TextTopKRouter"
 # Qwen3.5-MoE: every decoder layer, gated delta-net or full attention, has a sparse block whose top-k router has the

@@ -23,6 +23,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_VL, Family
+from verl_qwen3vl_plugin.family_shapes import absent_in_verl
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 
 FUNCTION = "_get_input_embeds"
@@ -38,7 +39,7 @@ OUTPUTS = {
 
 TWO_TOWER_CALLS = Shape(id="verl0.7-two-tower-calls", verdict=Verdict.APPLY, verl=">=0.7,<0.10")
 ONE_TOWER_CALL = Shape(id="verl7323-one-tower-call", verdict=Verdict.FIXED_UPSTREAM, elsewhere="verl#7323's branch")
-NO_VERL_QWEN3_5 = Shape(id="no-verl-qwen3.5", verdict=Verdict.NOT_USED, verl="<0.8")
+NO_VERL_QWEN3_5 = absent_in_verl(QWEN3_5)
 
 
 def _tower_calls(node: ast.AST) -> list[ast.Call]:
