@@ -1,5 +1,5 @@
 """``dp_actor_dynamic_batch_sync``: its decisions on the installed verl and on edits of verl 0.7.1's source, verl's
-own ``prepare_dynamic_batch`` on two ranks (``selftest.dp_actor_dynamic_batch_sync``), and verl 0.7.x's real actor
+own ``prepare_dynamic_batch`` on two ranks (the patch's ``selftest``), and verl 0.7.x's real actor
 with dynamic batching on two FSDP2 ranks (``dynamic_batch_actor.py``, beside this file), with the patch and without it.
 On verl 0.7.0, near-misses of its split, which the probe calls fixed upstream (``tests/source_edits.py``)."""
 

@@ -1,6 +1,6 @@
 """A user's process (``import verl``: the plugin activates): a tiny Qwen3.5 and Qwen3.5-MoE with images through verl's
 ``apply_monkey_patch`` and FSDP engine, packed against each sample alone, with the patch and with the upstream layers
-(``selftest.qwen3_5_packed_delta_net``); and one micro-batch packed in two orders. Prints one JSON object.
+(the patch's ``selftest``); and one micro-batch packed in two orders. Prints one JSON object.
 
 ``npu``: the path Ascend takes, on the CPU: verl's real ``npu_patch`` (its norms, rotary embedding and Qwen3.5-MoE
 experts) over the package's reference ``torch_npu`` ops."""
@@ -12,7 +12,7 @@ import sys
 import torch
 import verl  # noqa: F401
 
-from verl_qwen3vl_plugin.selftest import qwen3_5_packed_delta_net as selftest
+from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net import selftest
 from verl_qwen3vl_plugin.selftest.npu_reference import fake_torch_npu
 from verl_qwen3vl_plugin.selftest.ulysses import engine_forward, micro_batch
 

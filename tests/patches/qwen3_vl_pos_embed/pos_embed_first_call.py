@@ -1,6 +1,6 @@
 """Interpolation calls on long thin grids in a fresh process: their times, and the memory they leave resident.
 
-    pos_embed_first_call.py IMPL WIDTH...   (IMPL: plugin, or a reference from selftest.qwen3_vl_pos_embed.references())
+    pos_embed_first_call.py IMPL WIDTH...   (IMPL: plugin, or a reference from the patch's selftest.references())
 
 Prints the seconds of the first call on each grid [1, 2, WIDTH] (hidden 16; distinct widths share no grid size
 beyond 2) and the growth of the resident set once the outputs are freed: what caches keep.

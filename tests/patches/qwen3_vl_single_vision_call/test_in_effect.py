@@ -1,5 +1,5 @@
 """One vision-tower call per micro-batch: the plugin's ``get_input_embeds`` against verl's ``_get_input_embeds`` in
-one process (``selftest.qwen3_vl_single_vision_call``), then two FSDP2 ranks holding different media through verl's
+one process (the patch's ``selftest``), then two FSDP2 ranks holding different media through verl's
 own forward (``mixed_media_fsdp2.py``, beside this file), with the patch and, as the negative control, without it.
 Qwen3.5 (verl >= 0.8, transformers >= 5.2) gets the same checks, through verl's ``qwen3_5`` module."""
 

@@ -1,5 +1,5 @@
 """``qwen3_vl_vision_dp``: its decision from the installed and edited sources, the assignment of images to ranks,
-and the tower split over two real gloo ranks (``selftest.qwen3_vl_vision_dp``) on this stack's transformers."""
+and the tower split over two real gloo ranks (the patch's ``selftest``) on this stack's transformers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The MoE routing core of a self-routing sparse block, with its top-k through routing replay's choice
 (``routes.top_k``): softmax in fp32, top-k, renormalise, cast, always scattered. Replay's routers run it, and so does
-the Ascend routing fix (``replacements.npu_qwen3_vl_moe_routing``), so both route alike."""
+the Ascend routing fix (``patches.npu_qwen3_vl_moe_routing.replacement``), so both route alike."""
 
 from __future__ import annotations
 
