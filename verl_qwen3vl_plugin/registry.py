@@ -76,18 +76,23 @@ _OUTCOME = {
 }
 
 
-def in_range(version: tuple[int, ...], spec: str) -> bool:
-    """Whether release ``version`` is in ``spec``: comma-separated clauses such as ``>=0.7.1,<0.9`` (operators
-    ``>=``, ``<``, ``==``); an empty ``spec`` is every release. The standard library only: the registry is imported at
-    ``import verl``."""
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
+def _clauses(*specs: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """(operator, release, text) of each comma-separated clause of ``specs``, such as ``>=0.7.1,<0.9``."""
+    found = []
+    for clause in (c.strip() for spec in specs for c in spec.split(",") if c.strip()):
         op = next((o for o in (">=", "<", "==") if clause.startswith(o)), None)
         if op is None:
             raise ValueError(f"release range clause {clause!r}: use >=, < or ==")
-        bound = tuple(int(part) for part in clause[len(op) :].strip().split("."))
-        if not {">=": version >= bound, "<": version < bound, "==": version[: len(bound)] == bound}[op]:
-            return False
-    return True
+        found.append((op, tuple(int(part) for part in clause[len(op) :].strip().split(".")), clause))
+    return found
+
+
+def in_range(version: tuple[int, ...], spec: str) -> bool:
+    """Whether release ``version`` is in ``spec`` (operators ``>=``, ``<``, ``==``; "" is every release). The standard
+    library only: the registry is imported at ``import verl``."""
+    held = {">=": lambda bound: version >= bound, "<": lambda bound: version < bound}
+    held["=="] = lambda bound: version[: len(bound)] == bound
+    return all(held[op](bound) for op, bound, _ in _clauses(spec))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +130,10 @@ class Shape:
 
 def _joined(*specs: str) -> str:
     """The release ranges ``specs`` all hold, written as one: the highest ``>=``, the lowest ``<``, any ``==``."""
-    clauses = [c.strip() for spec in specs for c in spec.split(",") if c.strip()]
-
-    def bound(clause: str, op: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in clause[len(op) :].strip().split("."))
-
-    low = max((c for c in clauses if c.startswith(">=")), key=lambda c: bound(c, ">="), default=None)
-    high = min((c for c in clauses if c.startswith("<")), key=lambda c: bound(c, "<"), default=None)
-    return ",".join([c for c in (low, high) if c] + [c for c in clauses if c.startswith("==")])
+    clauses = _clauses(*specs)
+    low = max((c for c in clauses if c[0] == ">="), key=lambda c: c[1], default=None)
+    high = min((c for c in clauses if c[0] == "<"), key=lambda c: c[1], default=None)
+    return ",".join([c[2] for c in (low, high) if c] + [c[2] for c in clauses if c[0] == "=="])
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class Patch:
     upstream: tuple[str, ...]  # upstream PRs and issues
     remove_when: str
     details: str = ""  # the longer story, in Markdown: what the short fields leave out (docs/patches.md prints it)
-    # The module whose run() checks the patch on tiny models (doctor --selftest); "": the one named after the patch.
+    # The module whose run() checks the patch on tiny models (doctor --selftest); "": the patch's own ``selftest``.
     selftest: str = ""
     # Why the applied code does not run on a machine with these devices ({"cuda": bool, "npu": bool}), beyond
     # ``devices``; None: it runs wherever ``devices`` are present.
