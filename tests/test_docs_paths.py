@@ -46,3 +46,15 @@ def test_the_check_sees_paths():
     """The control: the pattern finds a package-relative and a rooted path, and skips upstream ones."""
     text = "`selftest/ranks.py`, `benchmarks/pos_embed.py::main`, `verl/workers/engine/fsdp/utils.py`"
     assert named_paths(text) == {"verl_qwen3vl_plugin/selftest/ranks.py", "benchmarks/pos_embed.py"}
+
+
+def test_every_table_of_figures_names_the_command_that_printed_it():
+    """A section of docs/performance.md that quotes measured figures (a table) names its benchmark or nox session,
+    so that the figures can be re-measured when that code changes."""
+    sections = re.split(r"^## ", (ROOT / "docs" / "performance.md").read_text(), flags=re.M)[1:]
+    unnamed = [
+        s.splitlines()[0]
+        for s in sections
+        if "|---" in s and not re.search(r"`(?:python )?benchmarks/\w+\.py|nox -s \w+", s)
+    ]
+    assert not unnamed, f"sections with figures but no command: {unnamed}"
