@@ -14,6 +14,11 @@ def _version(release: tuple[int, ...]) -> str:
     return ".".join(map(str, release))
 
 
+def shipped(family: Family) -> str:
+    """The transformers releases that ship ``family``, as a release range (``narrowed``'s argument)."""
+    return f">={_version(family.transformers)}"
+
+
 def absent_family(family: Family) -> Shape:
     """A transformers before ``family``'s first release: its modeling module is missing, and not used."""
     return Shape(

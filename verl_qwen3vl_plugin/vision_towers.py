@@ -11,7 +11,7 @@ import ast
 from collections.abc import Callable
 
 from verl_qwen3vl_plugin.families import FAMILIES, QWEN3_VL, Family
-from verl_qwen3vl_plugin.family_shapes import absent_family
+from verl_qwen3vl_plugin.family_shapes import absent_family, shipped
 from verl_qwen3vl_plugin.registry import Decision, Shape, Target
 
 # transformers module -> its vision class
@@ -24,28 +24,20 @@ def vision_targets(
     shapes: tuple[Shape, ...],
     reads: tuple[str, ...] = (),
 ) -> tuple[Target, ...]:
-    """One target per family's tower, judged by ``probe(family, module tree)``; ``apply`` gets the class.
-    ``shapes`` are the towers' shapes; a family shipped later than Qwen3-VL sees them from its first release and
-    its own absent shape before it."""
+    """One target per family's tower, probed by ``probe(family, module tree)``; ``apply`` gets the class.
+    ``shapes`` are the towers' shapes; a family shipped later than Qwen3-VL sees them from its first release and its
+    own absent shape before it."""
 
     def target(family: Family) -> Target:
-        if family.transformers <= QWEN3_VL.transformers:
-            return Target(
-                module=family.modeling,
-                probe=lambda tree: probe(family, tree),
-                apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
-                reads=reads,
-                shapes=shapes,
-            )
-        since = ".".join(map(str, family.transformers))
+        later = family.transformers > QWEN3_VL.transformers
         absent = absent_family(family)
         return Target(
             module=family.modeling,
             probe=lambda tree: probe(family, tree),
             apply=lambda imported, decision: apply(getattr(imported, family.vision_class)),
-            absent=absent.when_absent(family.missing("transformers")),
+            absent=absent.when_absent(family.missing("transformers")) if later else None,
             reads=reads,
-            shapes=(absent, *(s.narrowed(transformers=f">={since}") for s in shapes)),
+            shapes=(absent, *(s.narrowed(transformers=shipped(family)) for s in shapes)) if later else shapes,
         )
 
     return tuple(target(family) for family in FAMILIES)

@@ -26,7 +26,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
-from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, verl_forward_tree
+from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, shipped, verl_forward_tree
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 
 NEW_TYPE = "block_type"
@@ -183,7 +183,7 @@ def _target(family: Family) -> Target:
         shapes=(
             absent_family(family),
             *(
-                shape.narrowed(transformers=">=5.2")
+                shape.narrowed(transformers=shipped(family))
                 for shape in (
                     NO_VERL_QWEN3_5,
                     NO_LAYER_FORWARDS,

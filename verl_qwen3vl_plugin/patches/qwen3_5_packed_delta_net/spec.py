@@ -33,7 +33,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
-from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, verl_forward_tree
+from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, shipped, verl_forward_tree
 from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.spec import DISPATCHER
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import MONKEY_PATCH
@@ -184,7 +184,10 @@ def _transformers_target(family: Family) -> Target:
         reads=(QWEN3_5.verl_forward, MONKEY_PATCH),
         shapes=(
             absent_family(family),
-            *(s.narrowed(transformers=">=5.2") for s in (NO_VERL_QWEN3_5, NO_BOUNDARIES, REPLACES_LAYER_FORWARD)),
+            *(
+                s.narrowed(transformers=shipped(family))
+                for s in (NO_VERL_QWEN3_5, NO_BOUNDARIES, REPLACES_LAYER_FORWARD)
+            ),
         ),
     )
 

@@ -35,7 +35,7 @@ from types import ModuleType
 
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
-from verl_qwen3vl_plugin.family_shapes import absent_family
+from verl_qwen3vl_plugin.family_shapes import absent_family, shipped
 from verl_qwen3vl_plugin.patches.npu_qwen3_vl_moe_routing import spec as npu_routing
 from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.settings import (
     ENGINE_SWITCH,
@@ -387,7 +387,7 @@ PATCH = Patch(
             name=f"{QWEN3_5_ROUTER}.forward",
             shapes=(
                 absent_family(QWEN3_5_MOE),
-                *(s.narrowed(transformers=">=5.2") for s in (RETURNS_PROBABILITIES, RETURNS_LOGITS)),
+                *(s.narrowed(transformers=shipped(QWEN3_5_MOE)) for s in (RETURNS_PROBABILITIES, RETURNS_LOGITS)),
             ),
         ),
         Target(
