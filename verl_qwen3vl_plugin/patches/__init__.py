@@ -24,6 +24,7 @@ NAMES = (
     "qwen3_vl_nested_position_ids",
     "qwen3_vl_moe_routing_replay",
     "vision_placeholder_ban",
+    "overlong_prompt_filter",
     "npu_qwen3_vl_moe_routing",
     "npu_qwen3_vl_moe_sparse_eval",
     "npu_qwen3_vl_moe_weight_sync",

@@ -201,6 +201,12 @@ TARGETS = (
         "verl.experimental.agent_loop.agent_loop",
     ),
     (
+        "overlong_prompt_filter",
+        "model",
+        "verl.utils.dataset.rl_dataset",
+        "verl.utils.dataset.rl_dataset:RLHFDataset",
+    ),
+    (
         "npu_qwen3_vl_moe_routing",
         "npu",
         "verl.models.transformers.npu_patch",
