@@ -25,6 +25,7 @@ NAMES = (
     "qwen3_vl_moe_routing_replay",
     "vision_placeholder_ban",
     "overlong_prompt_filter",
+    "fused_kernels_sp_labels",
     "npu_qwen3_vl_moe_routing",
     "npu_qwen3_vl_moe_sparse_eval",
     "npu_qwen3_vl_moe_weight_sync",

@@ -207,6 +207,18 @@ TARGETS = (
         "verl.utils.dataset.rl_dataset:RLHFDataset",
     ),
     (
+        "fused_kernels_sp_labels",
+        "model",
+        "verl.models.transformers.qwen3_vl",
+        "verl.models.transformers.qwen3_vl",
+    ),
+    (
+        "fused_kernels_sp_labels",
+        "model",
+        "verl.models.transformers.qwen3_5",
+        "verl.models.transformers.qwen3_5",
+    ),
+    (
         "npu_qwen3_vl_moe_routing",
         "npu",
         "verl.models.transformers.npu_patch",
