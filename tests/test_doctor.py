@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -13,7 +14,7 @@ from verl_qwen3vl_plugin import doctor as doctor_module
 from verl_qwen3vl_plugin import environment
 from verl_qwen3vl_plugin.doctor import Report, patch_verdicts, render
 from verl_qwen3vl_plugin.environment import parse
-from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
+from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, QWEN3_VL, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.patches import PATCHES
 from verl_qwen3vl_plugin.registry import ACTIVATION_LINE, HOOK_MODULES
 from verl_qwen3vl_plugin.upstream import NPU_PATCH
@@ -243,3 +244,43 @@ def test_bad_input_clear_message_no_traceback(flags, env, message):
     proc = doctor(*flags, env=env)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_verls_model_modules_import_here(plain_json):
+    """Every CI stack can train the lines its verl ships: their forward modules import, and the doctor says so."""
+    code, report = plain_json
+    modules = report["activation"]["model_modules"]
+    expected = [QWEN3_VL.verl_forward] + ([QWEN3_5.verl_forward] if VERL.release >= QWEN3_5.verl else [])
+    assert sorted(modules) == sorted(expected) and not any(modules.values()), modules
+    assert code == 0
+
+
+def test_a_model_module_that_cannot_import_fails_the_doctor(monkeypatch):
+    """verl 0.9.1 on transformers >= 5.23: the probes read source and pass, yet verl's Qwen3-VL module fails on
+    import. The child's check catches the error; the doctor names the module, the error and verl's pin, and exits 1."""
+    import importlib
+
+    from verl_qwen3vl_plugin import import_verl_probe
+
+    error = "cannot import name 'Qwen3VLCausalLMOutputWithPast' from 'transformers.models.qwen3_vl.modeling_qwen3_vl'"
+    real = importlib.import_module
+
+    def import_module(name, *args):
+        if name == QWEN3_VL.verl_forward:
+            raise ImportError(error)
+        return real(name, *args)
+
+    monkeypatch.setattr(import_verl_probe.importlib, "import_module", import_module)
+    observed = import_verl_probe.model_modules()
+    assert observed[QWEN3_VL.verl_forward] == f"ImportError: {error}", observed
+    child = {"hooks": list(HOOK_MODULES.values()), "activated_by": "entry points", "startup_hook": None}
+    stdout = json.dumps(child | {"model_modules": observed})
+    monkeypatch.setattr(
+        doctor_module.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=stdout, stderr="")
+    )
+    report = doctor_module.build_report(env={})
+    text = render(report)
+    assert report.exit_code == 1 and "\nok: " not in text
+    assert f"{QWEN3_VL.verl_forward:58} DOES NOT IMPORT: ImportError: {error}" in text
+    (action,) = [a for a in report.actions if QWEN3_VL.verl_forward in a]
+    assert "verl cannot train Qwen3-VL, Qwen3-VL-MoE here" in action and f"verl {VERL}" in action, action

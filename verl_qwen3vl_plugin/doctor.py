@@ -15,8 +15,11 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from packaging.requirements import Requirement
+
 from verl_qwen3vl_plugin import patches as registered
 from verl_qwen3vl_plugin.environment import devices, dist_version, verl_discovers_plugins
+from verl_qwen3vl_plugin.families import FAMILIES
 from verl_qwen3vl_plugin.registry import (
     DISABLE_ENV,
     HOOK_MODULES,
@@ -35,6 +38,9 @@ DISTRIBUTIONS = ("verl", "transformers", "torch", "torch_npu", "ray", "verl-qwen
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
 AUTOLOAD_ENV = "VERL_QWEN3VL_PLUGIN_AUTOLOAD"
 PROBE = [sys.executable, "-m", "verl_qwen3vl_plugin.import_verl_probe"]
+# verl release -> the newest transformers its Qwen3-VL and Qwen3.5 modules were seen to import with, past its pin (the
+# forward stacks in noxfile.py), and what the next release removed.
+NEWEST_IMPORTING = {"0.9.1": ("5.22.2", "5.23 removed the output classes they import")}
 
 
 class UsageError(Exception):
@@ -103,13 +109,32 @@ def activation(env: dict[str, str]) -> tuple[dict[str, object], list[str]]:
         "startup_hook": observed and observed["startup_hook"],
         "import_verl_loaded_hooks": observed and observed["hooks"],
         "import_verl_error": None if observed else proc.stderr.strip()[-1500:],
+        "model_modules": observed and observed["model_modules"],
     }
     actions = []
     if observed is None:
         actions.append(f"`import verl` fails in this environment; fix that first:\n{info['import_verl_error']}")
     elif not info["active"]:
         actions.append(_why_inactive(env, observed))
+    actions += [_cannot_import(module, error) for module, error in (info["model_modules"] or {}).items() if error]
     return info, actions
+
+
+def _cannot_import(module: str, error: str) -> str:
+    """What to do where verl's forward module of a model line does not import: which transformers releases verl
+    declares it works with, and the newest seen working past that pin."""
+    lines = ", ".join(f.label for f in FAMILIES if f.verl_forward == module)
+    verl, transformers = dist_version("verl"), dist_version("transformers")
+    pins = [str(r.specifier) for r in map(Requirement, metadata.requires("verl") or []) if r.name == "transformers"]
+    declared = (
+        f"verl {verl} declares transformers{pins[0]}" if pins and pins[0] else f"verl {verl} pins no transformers"
+    )
+    seen = NEWEST_IMPORTING.get(str(verl))
+    past_pin = f"; its model modules import up to transformers {seen[0]} ({seen[1]})" if seen else ""
+    return (
+        f"verl's {module} does not import with transformers {transformers} ({error}): verl cannot train {lines} "
+        f"here. {declared}{past_pin}; install a transformers release that verl supports"
+    )
 
 
 def patch_verdicts(
@@ -182,6 +207,11 @@ def render(report: Report) -> str:
     lines += [f"  start-up hook: {act['startup_hook'] or 'did not run'}"]
     lines += [f"  {MODULES_ENV}={act[MODULES_ENV]!s}"]
     lines += [f"  hooks loaded by `import verl`: {act['import_verl_loaded_hooks']}"]
+    modules = act.get("model_modules") or {}
+    lines += ["", "verl's model modules:"] + [
+        f"  {module:58} {'imports' if error is None else 'DOES NOT IMPORT: ' + error}"
+        for module, error in modules.items()
+    ]
     lines += ["", "patches:"]
     for name, patch in report.patches.items():
         where = f" (applies, but does not run here: {patch['dormant']})" if patch["dormant"] else ""
