@@ -26,6 +26,7 @@ NAMES = (
     "vision_placeholder_ban",
     "overlong_prompt_filter",
     "fused_kernels_sp_labels",
+    "freeze_vision_tower",
     "npu_qwen3_vl_moe_routing",
     "npu_qwen3_vl_moe_sparse_eval",
     "npu_qwen3_vl_moe_weight_sync",

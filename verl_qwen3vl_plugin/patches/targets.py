@@ -219,6 +219,24 @@ TARGETS = (
         "verl.models.transformers.qwen3_5",
     ),
     (
+        "freeze_vision_tower",
+        "model",
+        "verl.workers.config.actor",
+        "verl.workers.config.actor",
+    ),
+    (
+        "freeze_vision_tower",
+        "model",
+        "verl.workers.engine.fsdp.transformer_impl",
+        "verl.workers.engine.fsdp.transformer_impl",
+    ),
+    (
+        "freeze_vision_tower",
+        "model",
+        "verl.workers.fsdp_workers",
+        "verl.workers.fsdp_workers",
+    ),
+    (
         "npu_qwen3_vl_moe_routing",
         "npu",
         "verl.models.transformers.npu_patch",
