@@ -258,6 +258,14 @@ def _bench_delta_net(session: nox.Session, stack: str, smoke: bool) -> None:
 
 
 @nox.session
+def bench_freeze(session: nox.Session) -> None:
+    """CPU benchmark of actor.freeze_vision_tower (docs/performance.md): verl 0.9.1's FSDP engine, freeze on against
+    off, and what the freeze saves for Qwen3-VL-30B-A3B's tower."""
+    session.install(TORCH, *STACKS["verl0.9.1-tf5.10.4"], ".")
+    session.run("python", "benchmarks/freeze_vision_tower.py", *session.posargs)
+
+
+@nox.session
 def bench_smoke(session: nox.Session) -> None:
     """Every benchmark in its smoke mode (smallest sizes, one repeat, no result): a broken import, a stale check or a
     crash fails CI. Each runs on its session's stack, in one venv that moves forward through the stacks (verl 0.7.1,
@@ -274,3 +282,4 @@ def bench_smoke(session: nox.Session) -> None:
     _bench_delta_net(session, "verl0.9.1-tf5.10.4", smoke=True)
     session.run("python", "benchmarks/gpu_delta_net.py", "--smoke")  # transformers with Qwen3.5
     _bench_routing_replay(session, "verl0.9.1-tf5.10.4", smoke=True)
+    session.run("python", "benchmarks/freeze_vision_tower.py", "--smoke")

@@ -3,18 +3,17 @@
 1. What the freeze saves for Qwen3-VL-30B-A3B's tower, from its config's vision numbers (no hub download here):
    fp32 AdamW state (exp_avg, exp_avg_sq) and fp32 gradients, and the bf16 bytes each weight sync sends for it.
    The tower is built on the meta device from ``CONFIG_30B_A3B`` and its parameters counted.
-2. One actor step (forward, backward, AdamW step) of a small Qwen3-VL with a 4-block tower, freeze on against off,
-   same process, alternating, medians: time, and the memory the step holds beyond the weights (on CUDA the peak
-   allocation; on the CPU the bytes autograd saves for backward plus gradients plus optimizer state).
+2. The actor step through verl's own FSDP engine (FSDP2, AdamW) on two CPU ranks, a small Qwen3-VL with a 4-block
+   tower, freeze on against off, alternating runs of fresh rank processes, medians: the step's time, each process's
+   peak RSS, and the AdamW state and gradient bytes a rank holds.
 
-    python benchmarks/freeze_vision_tower.py [--images 8] [--repeats 7]
-    python benchmarks/freeze_vision_tower.py --smoke   # 1 image, one repeat: runs, no result
+    python benchmarks/freeze_vision_tower.py [--images 8] [--steps 3] [--pairs 3]
+    python benchmarks/freeze_vision_tower.py --smoke   # one run of each mode, one step: runs, no result
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import statistics
 import time
 
@@ -56,85 +55,101 @@ def tower_30b_a3b() -> None:
     print(f"  bf16 bytes per weight sync that later syncs could skip:    {2 * params / GIB:.2f} GiB")
 
 
-def step_cost(model: torch.nn.Module, inputs: dict) -> tuple[float, int]:
-    """Seconds of one forward, backward and AdamW step, and the memory the step held beyond the weights."""
-    saved = []
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        saved.append(tensor.untyped_storage().nbytes())
-        return tensor
-
-    cuda = torch.cuda.is_available()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(**inputs).logits.float().pow(2).mean().backward()
-    optimizer.step()
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    if cuda:
-        held = torch.cuda.max_memory_allocated() - base
-    else:
-        state = sum(t.nbytes for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
-        held = sum(saved) + sum(p.grad.nbytes for p in model.parameters() if p.grad is not None) + state
-    model.zero_grad(set_to_none=True)
-    return seconds, held
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 tensor (a DTensor counts its whole size)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def actor_step(images: int, repeats: int) -> None:
-    from verl_qwen3vl_plugin.patches.freeze_vision_tower.replacement import freeze_towers
-    from verl_qwen3vl_plugin.patches.freeze_vision_tower.spec import TOWERS
-    from verl_qwen3vl_plugin.selftest.tiny_models import (
-        IMAGE_TOKEN,
-        image_prompt,
-        pixel_values,
-        randomize,
-        tiny_qwen3_vl,
+def _rank_steps(rank: int, freeze: bool, images: int, steps: int) -> dict:
+    """On one of two gloo ranks: verl's own FSDP engine (FSDP2, AdamW) for an actor with ``freeze_vision_tower``,
+    built around a small Qwen3-VL; one warm-up step, then ``steps`` timed steps (forward, backward, verl's
+    ``optimizer_step``). The median step, this process's peak RSS, and the optimizer-state and gradient bytes it
+    holds."""
+    import resource
+
+    import verl  # noqa: F401  (the plugin activates here, as in a user's worker)
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    from verl_qwen3vl_plugin.selftest.ulysses import (
+        build_model,
+        built_engine,
+        engine_batch,
+        install_cpu_stand_ins,
+        micro_batch,
     )
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {mode: randomize(tiny_qwen3_vl(**BENCH_TOWER), seed=0).to(device).train() for mode in ("off", "on")}
-    freeze_towers(models["on"], TOWERS)
-    grid = torch.tensor([[1, 16, 16]] * images)
-    ids = image_prompt(grid, text=32).to(device)
-    inputs = {"input_ids": ids, "pixel_values": pixel_values(grid).to(device), "image_grid_thw": grid.to(device)}
-    if "mm_token_type_ids" in inspect.signature(models["on"].forward).parameters:  # transformers >= 5.10
-        inputs["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
-    for model in models.values():  # warm-up
-        step_cost(model, inputs)
-    runs = {mode: [] for mode in models}
-    for _ in range(repeats):
-        for mode, model in models.items():
-            runs[mode].append(step_cost(model, inputs))
-    if repeats < 3:
-        return
-    medians = {
-        mode: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)) for mode, rs in runs.items()
+    install_cpu_stand_ins()
+    model = build_model("dense", **BENCH_TOWER)
+    apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True, use_fused_kernels=False)
+    engine = built_engine(model, "fsdp2", freeze)
+    batch = engine_batch(micro_batch([[(1, 16, 16)] * (images // 2)] * 2))
+
+    def loss_function(model_output, data, dp_group):
+        return model_output["log_probs"].values().float().pow(2).mean(), {}
+
+    engine.module.train()
+    seconds = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        engine.optimizer_zero_grad()
+        loss, _ = engine.forward_step(batch, loss_function=loss_function, forward_only=False)
+        loss.backward()
+        engine.optimizer_step()
+        seconds.append(time.perf_counter() - start)
+    state = sum(_local(t).nbytes for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    grads = sum(_local(p.grad).nbytes for p in engine.module.parameters() if p.grad is not None)
+    return {
+        "seconds": statistics.median(seconds[1:]),
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "optimizer_state": state,
+        "gradients": grads,
     }
-    (t_off, m_off), (t_on, m_on) = medians["off"], medians["on"]
-    what = "peak allocated" if device == "cuda" else "saved activations + grads + AdamW state"
+
+
+def actor_step(images: int, steps: int, pairs: int) -> None:
+    """Freeze on and off, alternating, each run two fresh rank processes (peak RSS is per process); medians over the
+    runs of the per-run median step (rank 0; the ranks step together)."""
+    from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
+
+    runs = {"off": [], "on": []}
+    for _ in range(pairs):
+        for mode in runs:
+            results = on_two_ranks(_rank_steps, mode == "on", images, steps, timeout=600)
+            errors = [r["error"] for r in results if "error" in r]
+            if errors:
+                raise SystemExit(f"freeze {mode}: {errors[0]}")
+            runs[mode].append(results[0])
+    if pairs < 3:
+        return
+    median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
+    off, on = median["off"], median["on"]
     print(
-        f"actor step on {device}, {images} images of 16 x 16 patches, 4-block tower (hidden 128), medians of {repeats}:"
+        f"verl's FSDP engine, FSDP2 on two CPU ranks (gloo), fp32, one actor step over {images} images of 16 x 16 "
+        f"patches, {BENCH_TOWER['depth']}-block tower (hidden {BENCH_TOWER['hidden_size']}); medians of {pairs} "
+        f"alternating runs of {steps} steps (rank 0):"
     )
-    print(f"  freeze off (verl): {t_off * 1e3:7.1f} ms, {m_off / 2**20:7.1f} MiB {what}")
-    print(f"  freeze on (plugin): {t_on * 1e3:6.1f} ms, {m_on / 2**20:7.1f} MiB ({t_off / t_on:.2f}x faster, "
-          f"{1 - m_on / m_off:.0%} less memory)")  # fmt: skip
+    print("| | step | peak RSS | AdamW state | gradients |")
+    print("|---|---|---|---|---|")
+    for label, r in (("freeze off (verl's engine)", off), ("freeze on (plugin)", on)):
+        print(f"| {label} | {r['seconds'] * 1e3:.0f} ms | {r['peak_rss'] / 2**20:.0f} MiB | "
+              f"{r['optimizer_state'] / 2**20:.1f} MiB | {r['gradients'] / 2**20:.1f} MiB |")  # fmt: skip
+    less = {k: (off[k] - on[k]) / 2**20 for k in ("peak_rss", "optimizer_state", "gradients")}
+    print(f"| on vs off | {off['seconds'] / on['seconds']:.2f}x faster | {less['peak_rss']:.0f} MiB less | "
+          f"{less['optimizer_state']:.1f} MiB less | {less['gradients']:.1f} MiB less |")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--images", type=int, default=8, help="per rank")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run, after one warm-up step")
+    parser.add_argument("--pairs", type=int, default=3, help="alternating runs of each mode")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     tower_30b_a3b()
-    actor_step(1 if args.smoke else args.images, 1 if args.smoke else args.repeats)
+    if args.smoke:
+        actor_step(2, 1, 1)
+    else:
+        actor_step(args.images, args.steps, args.pairs)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,39 @@ def engine_for(model: torch.nn.Module, sp: int, **config):
     return engine
 
 
+def built_engine(model: torch.nn.Module, strategy: str, freeze: bool, lora: bool = False):
+    """verl's own ``FSDPEngineWithLMHead`` for an actor with ``freeze_vision_tower=freeze``, built by verl's
+    ``_build_model_optimizer`` (LoRA, FSDP wrapping, AdamW) around ``model``: only the hub download is replaced. fp32
+    throughout, so no change is lost to rounding."""
+    from verl.utils import fsdp_utils
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
+    from verl.workers.config.actor import FSDPActorConfig
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.engine.fsdp import utils as engine_utils
+
+    for module in (transformer_impl, fsdp_utils):
+        module.get_device_id = lambda: "cpu"
+    engine_utils.get_device_name = lambda: "cpu"
+    transformer_impl.log_gpu_memory_usage = lambda *args, **kwargs: None
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine_config = FSDPEngineConfig(strategy=strategy, mixed_precision=fp32, use_torch_compile=False)
+    actor = FSDPActorConfig(
+        strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
+        freeze_vision_tower=freeze, fsdp_config=engine_config, use_remove_padding=True,
+    )  # fmt: skip
+    model_config = SimpleNamespace(
+        use_remove_padding=True, lora_rank=8 if lora else 0, lora_alpha=16, target_modules="all-linear",
+        exclude_modules=None, target_parameters=None, lora_adapter_path=None, hf_config=model.config,
+        enable_gradient_checkpointing=False, enable_activation_offload=False, use_fused_kernels=False,
+        fused_kernel_options=None, use_liger=False, model_type="language_model",
+    )  # fmt: skip
+    optim = FSDPOptimizerConfig(lr=1e-2, total_training_steps=2, lr_warmup_steps=0)
+    engine = transformer_impl.FSDPEngineWithLMHead(model_config, actor.engine, optim, SimpleNamespace())
+    engine._build_module = lambda: model  # the hub download, and nothing else, replaced
+    engine._build_model_optimizer()
+    return engine
+
+
 def engine_batch(batch: dict, **tensors: torch.Tensor):
     """A batch as verl's trainer hands it to the engine: through ``left_right_2_no_padding`` (which nests a
     ``routed_experts`` record like ``input_ids``), with its images and the non-tensor settings a forward reads."""

@@ -14,13 +14,18 @@ CPU stand-ins: ``verl_qwen3vl_plugin.selftest.ulysses`` names them; verl's devic
 
 import json
 import sys
-from types import SimpleNamespace
 
 import torch
 from seeded_pass import full  # tests/_child, on every child's PYTHONPATH
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
-from verl_qwen3vl_plugin.selftest.ulysses import build_model, engine_batch, install_cpu_stand_ins, micro_batch
+from verl_qwen3vl_plugin.selftest.ulysses import (
+    build_model,
+    built_engine,
+    engine_batch,
+    install_cpu_stand_ins,
+    micro_batch,
+)
 
 SAMPLES = ([[(1, 4, 6)], [(1, 2, 2), (1, 4, 4)]], [[(1, 8, 8)], [(1, 2, 4)]])  # per rank: different images
 TOWER = "model.visual."
@@ -34,37 +39,6 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: full(p).detach().clone() for name, p in model.named_parameters()}
 
 
-def engine_on(model, kind_config):
-    from verl.utils import fsdp_utils
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
-    from verl.workers.config.actor import FSDPActorConfig
-    from verl.workers.engine.fsdp import transformer_impl
-    from verl.workers.engine.fsdp import utils as engine_utils
-
-    for module in (transformer_impl, fsdp_utils):
-        module.get_device_id = lambda: "cpu"
-    engine_utils.get_device_name = lambda: "cpu"
-    transformer_impl.log_gpu_memory_usage = lambda *args, **kwargs: None
-    strategy, freeze, lora = kind_config
-    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    engine_config = FSDPEngineConfig(strategy=strategy, mixed_precision=fp32, use_torch_compile=False)
-    actor = FSDPActorConfig(
-        strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-        freeze_vision_tower=freeze, fsdp_config=engine_config, use_remove_padding=True,
-    )  # fmt: skip
-    model_config = SimpleNamespace(
-        use_remove_padding=True, lora_rank=8 if lora else 0, lora_alpha=16, target_modules="all-linear",
-        exclude_modules=None, target_parameters=None, lora_adapter_path=None, hf_config=model.config,
-        enable_gradient_checkpointing=False, enable_activation_offload=False, use_fused_kernels=False,
-        fused_kernel_options=None, use_liger=False, model_type="language_model",
-    )  # fmt: skip
-    optim = FSDPOptimizerConfig(lr=1e-2, total_training_steps=2, lr_warmup_steps=0)
-    engine = transformer_impl.FSDPEngineWithLMHead(model_config, actor.engine, optim, SimpleNamespace())
-    engine._build_module = lambda: model  # the hub download, and nothing else, replaced
-    engine._build_model_optimizer()
-    return engine
-
-
 def run_rank(rank, kind, freeze, strategy, lora):
     import verl  # noqa: F401  (the plugin activates here, as in a user's worker)
     from verl.models.transformers.monkey_patch import apply_monkey_patch
@@ -74,7 +48,7 @@ def run_rank(rank, kind, freeze, strategy, lora):
     install_cpu_stand_ins()
     model = build_model(kind)
     apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True, use_fused_kernels=False)
-    engine = engine_on(model, (strategy, freeze, lora))
+    engine = built_engine(model, strategy, freeze, lora)
     module = engine.module
     before = snapshot(module)
     graphs = []

@@ -51,6 +51,19 @@ def test_with_lora_the_towers_adapters_freeze_too():
         assert r["text_change"] > 1e-3, r  # the language model's adapters
 
 
+@pytest.mark.parametrize(
+    "kind", ["dense", pytest.param("moe", marks=pytest.mark.skipif(not MOE_TRAINS, reason="fp32 MoE"))]
+)
+def test_frozen_tower_composes_with_vision_dp_under_ulysses(kind):
+    """SP = 2 on two FSDP2 ranks, with the plugin's vision DP and single vision call, equals SP = 1 with the tower
+    frozen: no tower parameter gets a gradient (``frozen_tower_sp.py``)."""
+    results = child_json(HERE / "frozen_tower_sp.py", kind, timeout=500)
+    errors = [r["error"] for r in results if "error" in r]
+    assert not errors, errors[0]
+    for r in results:
+        assert r["log_prob_diff"] == 0.0 and r["grad_rel_diff"] < 1e-5 and r["tower_grads"] == [], r
+
+
 def test_setting_off_trains_the_tower():
     for r in engine_run("dense", "off", "fsdp2"):
         assert r["vision_change"] > 1e-3 and r["vision_optimizer_states"] == r["vision_params"], r
