@@ -15,6 +15,7 @@ nox.options.sessions = ["lint", "tests", "forward(stack='verl0.9.1-tf5.22.2')", 
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
+RUFF = "ruff==0.17.6"  # as pyproject's [test] extra: upstream/ is formatted by it
 # verl's trainer and agent-loop modules import these undeclared dependencies.
 VERL_EXTRAS = ["cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"]
 STACKS = {
@@ -208,13 +209,13 @@ def upstream(session: nox.Session) -> None:
     then proves each one on its base's sdist, in a venv of the base's stack under ``.upstream-work/`` with the plugin
     absent, and prints a table and one JSON line. Not in the default run. The generator imports the patches' code
     from this checkout (torch, no verl)."""
-    session.install(TORCH, "packaging", "ruff")
+    session.install(TORCH, "packaging", RUFF)
     session.run("python", "scripts/upstream.py", "--prove", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(RUFF)
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
 

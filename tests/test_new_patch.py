@@ -138,9 +138,9 @@ def test_the_generator_refuses_a_target_without_one_shape_on_each_stack(throwawa
 
 def names_left_after_retiring(name: str, tmp_path: Path) -> list[str]:
     """In a copy of the tree: delete patch ``name``'s package, its test folder and its ``NAMES`` line, and
-    regenerate. Returns the files that still name it, CHANGELOG aside; ``generate.py --check`` and ``ruff check`` must
-    pass there. Each patch that can be retired alone calls this from its own test folder (which the retirement
-    deletes with the rest)."""
+    regenerate (the docs, and the index of ``upstream/``, which drops the patch's staged pull request). Returns the
+    files that still name it, CHANGELOG aside; ``generate.py --check`` and ``ruff check`` must pass there. Each patch
+    that can be retired alone calls this from its own test folder (which the retirement deletes with the rest)."""
     tree = tmp_path / "tree"
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for file in files.split():
@@ -152,7 +152,7 @@ def names_left_after_retiring(name: str, tmp_path: Path) -> list[str]:
     names = tree / "verl_qwen3vl_plugin" / "patches" / "__init__.py"
     names.write_text(re.sub(rf'^    "{name}",\n', "", names.read_text(), flags=re.M))
     env = {**os.environ, "VERL_QWEN3VL_PLUGIN_AUTOLOAD": "0", "PYTHONPATH": str(tree)}
-    for args in (["scripts/generate.py"], ["scripts/generate.py", "--check"]):
+    for args in (["scripts/generate.py"], ["scripts/generate.py", "--check"], ["scripts/upstream.py", "--index"]):
         proc = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=tree, capture_output=True, text=True)

@@ -1,0 +1,31 @@
+"""``fused_kernels_sp_labels`` as a verl pull request: read by ``scripts/upstream.py``."""
+
+from verl_qwen3vl_plugin.patches.fused_kernels_sp_labels import replacement
+from verl_qwen3vl_plugin.patches.fused_kernels_sp_labels.spec import FORWARDS
+from verl_qwen3vl_plugin.staging import Decorate, MoveFunctions, StagedTest, Staging
+
+FILE = "verl/models/transformers/qwen3_vl.py"
+
+STAGING = Staging(
+    base="verl==0.7.1",
+    modules=("model",),
+    type="fix",
+    description="score fused-kernel log-probs against the SP shard's labels under Ulysses",
+    edits=(
+        # The replacement module's two functions move in whole, ahead of the forwards they wrap ...
+        MoveFunctions(
+            file=FILE, source=replacement, names=("this_shards_labels", "scoring_this_shard"), before=FORWARDS[0]
+        ),
+        # ... and wrap them where they are defined, as the plugin wraps them at import.
+        Decorate(file=FILE, functions=FORWARDS, decorator="scoring_this_shard"),
+    ),
+    tests=(
+        StagedTest(
+            path="tests/models/test_qwen3_vl_fused_forward_ulysses_labels_on_cpu.py",
+            source="tests/patches/fused_kernels_sp_labels/staged_qwen3_vl_fused_forward_ulysses_labels.py",
+        ),
+    ),
+    order=30,
+    backport_of="0.7.x",
+    fixed_on_main_by=("verl#6268",),
+)
