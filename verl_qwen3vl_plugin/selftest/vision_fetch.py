@@ -24,11 +24,16 @@ def fetch_image(ele: dict, image_patch_size: int = 14) -> Image.Image:
     return image.convert("RGB")
 
 
+def fetch_video(ele: dict, **kwargs) -> None:
+    """verl 0.7.0 imports it beside ``fetch_image``; the tests' prompts hold no video, which would need torchvision."""
+    raise NotImplementedError("the qwen_vl_utils stand-in reads no video")
+
+
 @contextmanager
 def qwen_vl_utils_stand_in() -> Iterator[types.ModuleType]:
     """``import qwen_vl_utils`` finds the stand-in while the context is open (and in processes forked meanwhile)."""
     module = types.ModuleType("qwen_vl_utils")
-    module.fetch_image = fetch_image
+    module.fetch_image, module.fetch_video = fetch_image, fetch_video
     saved = sys.modules.get("qwen_vl_utils")
     sys.modules["qwen_vl_utils"] = module
     try:

@@ -134,8 +134,8 @@ def experts_decision() -> Decision:
     if npu not in ("absent", TF4):
         return unrecognized(f"verl's {NPU_EXPERTS[1]} is built in no known way")
     return SENDS_PACKED.decision(
-        f"{METHOD} sends transformers 5's packed experts, (E, 2I, H), as stored; vLLM's Qwen3-VL-MoE loader up to "
-        "0.24 reads (E, H, 2I): sent per expert instead"
+        f"{METHOD} sends transformers 5's packed experts, (E, 2I, H), as stored; vLLM 0.11 to 0.24's Qwen3-VL-MoE "
+        "loader reads (E, H, 2I) (vLLM >= 0.25 orients them by shape): sent per expert instead"
     )
 
 
