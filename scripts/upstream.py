@@ -3,21 +3,25 @@
 (verl's pull-request template, filled from the spec's story), and ``upstream/README.md`` (the order to send them in).
 
 The staged code is generated from the patch's own replacement module, never kept twice: each edit of the staging
-names the replacement code it takes its text from (a moved function, the expression a wrapper hands on), with the
-imports made the upstream file's. Touched upstream files, and the staged tests, go through ruff with the base's own
-configuration (import order and format, where the untouched file is already clean).
+names the replacement code it takes its text from (a moved function, the expression a wrapper hands on, a value it
+computes), with the imports made the upstream file's; where moved text carries the plugin's own wording (its name in
+a message), the staging lists each replacement and ``PR.md`` repeats it. Touched upstream files, and the staged tests,
+go through ruff with the base's own configuration (import order and format, where the untouched file is already
+clean).
 
     python scripts/upstream.py           # rewrite upstream/
     python scripts/upstream.py --check   # exit 1, naming them, where a committed file differs (tests)
     python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table and one JSON line
+    python scripts/upstream.py --prove --patch NAME   # ... only NAME's (repeatable)
     python scripts/upstream.py --index   # offline: drop the folders of retired patches, rewrite README.md
 
 ``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a
 venv of the base's stack (``noxfile.py``) with the patched tree installed and the plugin absent, the staged tests
-pass; (3) they fail on the unpatched base; (4) upstream's own CPU tests of the touched modules (from the sdist's
-``tests/``) have the same outcomes on both (``null`` where the sdist holds none); (5) the touched files pass ruff with
-the base's ruff configuration. Downloads, extracts and venvs live under ``.upstream-work/`` (gitignored); the base is
-downloaded with ``pip download --no-binary :all: --no-deps``.
+pass; (3) they fail on the unpatched base; (4) upstream's own CPU tests of the touched modules (the sdist's
+``tests/**/test_*_on_cpu.py`` that import one, or a module that imports one) have the same outcomes on both (``null``
+where the sdist holds none); (5) the touched files pass ruff with the base's ruff configuration. Downloads, extracts
+and venvs live under ``.upstream-work/`` (gitignored); the base is downloaded with ``pip download --no-binary :all:
+--no-deps``.
 """
 
 from __future__ import annotations
@@ -261,13 +265,22 @@ def adapt(
     return ast.unparse(Rename().visit(expression)), imports
 
 
+def same_object(path: str) -> str:
+    """``typing``'s aliases of ``collections.abc`` name the same thing for annotations."""
+    return path.replace("collections.abc.", "typing.", 1) if path.startswith("collections.abc.") else path
+
+
 def add_imports(target: Source, lines: set[str]) -> None:
-    """Insert ``lines`` after the module's last top-level import; ruff's import sorting puts them in place."""
+    """Insert ``lines`` after the module's last top-level import; ruff's import sorting puts them in place. A name the
+    module already binds to the same object is not imported again; bound to another, the generator stops."""
     bound = bindings(target.tree.body)
     missing = []
     for line in sorted(lines):
         statement = ast.parse(line).body[0]
-        if any(bound.get(name) != path for name, path in bindings([statement]).items()):
+        for name, path in bindings([statement]).items():
+            if name in bound and same_object(bound[name]) != same_object(path):
+                raise StagingError(f"the target binds {name} to {bound[name]}, the moved code to {path}")
+        if any(name not in bound for name in bindings([statement])):
             missing.append(line)
     if not missing:
         return
@@ -290,7 +303,7 @@ def function_tree(function) -> tuple[ast.FunctionDef, dict[str, str]]:
 PLACEHOLDER = "__staged_argument__"
 
 
-def change_argument(edit, target: Source) -> str:
+def change_argument(edit, target: Source, placed: dict[str, str]) -> str:
     source, bound = function_tree(edit.source)
     handed = [
         a
@@ -326,7 +339,7 @@ def change_argument(edit, target: Source) -> str:
     )
 
 
-def pass_keyword(edit, target: Source) -> str:
+def pass_keyword(edit, target: Source, placed: dict[str, str]) -> str:
     source, bound = function_tree(edit.source)
     values = [
         n.value
@@ -356,15 +369,49 @@ def pass_keyword(edit, target: Source) -> str:
     )
 
 
-def move_functions(edit, target: Source) -> str:
+def module_names(tree: ast.Module) -> dict[str, ast.stmt]:
+    """Name -> the module-level statement that binds it: a function, a class, or an assignment (of names, or of a
+    tuple of names)."""
+    found: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(name, ast.Name):
+                        found[name.id] = node
+    return found
+
+
+def dotted_module(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def above(target: Source, node: ast.AST) -> int:
+    """Where to insert before the module-level ``node``: above its decorators and the comment lines right above it."""
+    line = (node.decorator_list or [node])[0].lineno
+    lines = target.text.split("\n")
+    while line > 1 and lines[line - 2].startswith("#"):
+        line -= 1
+    return target.offset(line, 0)
+
+
+def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
+    """``MoveFunctions``, and ``ReplaceFunction`` (the same move, in place of the file's function ``replaces``)."""
     module_text = inspect.getsource(edit.source)
     module = Source(module_text)
     project = edit.file.split("/")[0]
+    replacing = getattr(edit, "replaces", None)
+    if replacing is not None and replacing not in edit.names:
+        raise StagingError(f"{replacing} is replaced by none of {edit.names}")
     source_bound = bindings(module.tree.body)
-    texts, imports = [], set()
+    source_names = module_names(module.tree)
+    target_names = (module_names(target.tree).keys() | bindings(target.tree.body).keys()) - {replacing}
+    texts, imports, constants, imported = [], set(), [], []
     for name in edit.names:
         node = scope(module.tree, name)
-        if any(isinstance(n, ast.FunctionDef) and n.name == name for n in target.tree.body):
+        if name != replacing and any(isinstance(n, ast.FunctionDef) and n.name == name for n in target.tree.body):
             raise StagingError(f"{edit.file} already defines {name}")
         # The function's own imports of the upstream project become the file's (the plugin defers them).
         local = [
@@ -385,28 +432,90 @@ def move_functions(edit, target: Source) -> str:
         texts.append("\n".join(line for i, line in enumerate(lines) if i not in drop))
         for used in free_names(node) & source_bound.keys():
             imports.add(import_line(used, source_bound[used]))
+        # The module-level names it reads: moved by an earlier edit (imported from there), the file's own, or a
+        # constant moved with it.
+        for used in sorted(free_names(node) & source_names.keys() - set(edit.names) - source_bound.keys()):
+            if used in target_names or used in constants:
+                continue
+            if used in placed and placed[used] != edit.file:
+                imports.add(f"from {dotted_module(placed[used])} import {used}")
+                imported.append(used)
+            elif isinstance(source_names[used], ast.Assign | ast.AnnAssign):
+                constants.append(used)
+            else:
+                raise StagingError(f"{name} reads {used}, which {edit.source.__name__} defines and nothing moves")
+    constant_texts = []
+    source_lines = module.text.split("\n")
+    for node in sorted({id(source_names[n]): source_names[n] for n in constants}.values(), key=lambda n: n.lineno):
+        first = node.lineno
+        while first > 1 and source_lines[first - 2].startswith("#"):
+            first -= 1
+        # Whole lines: the comment above it and the one after it come along.
+        constant_texts.append("\n".join(source_lines[first - 1 : node.end_lineno]))
+        for read in free_names(node.value) & source_bound.keys() if node.value else ():
+            imports.add(import_line(read, source_bound[read]))
+    moved = ("\n".join(constant_texts) + "\n\n\n" if constant_texts else "") + "\n\n\n".join(texts) + "\n\n\n"
+    for old, new in edit.replace:
+        if old not in moved:
+            raise StagingError(f"{old!r} is not in what {edit.source.__name__} moves into {edit.file}")
+        moved = moved.replace(old, new)
     imports.discard("from __future__ import annotations")
-    before = scope(target.tree, edit.before)
-    at = target.offset((before.decorator_list or [before])[0].lineno, 0)
-    target.replace([(at, at, "\n\n\n".join(texts) + "\n\n\n")])
+    if replacing is None:
+        at = above(target, scope(target.tree, edit.before))
+        target.replace([(at, at, moved)])
+    else:
+        old = scope(target.tree, replacing)
+        end = target.offset(old.end_lineno, old.end_col_offset)
+        target.replace([(above(target, old), end, moved.rstrip("\n"))])
     add_imports(target, imports)
-    return (
+    placed.update({n: edit.file for n in [*constants, *edit.names]})
+    described = (
         f"{', '.join(f'`{n}`' for n in edit.names)} moved in whole from the plugin's `{edit.source.__name__}` "
         f"(`inspect.getsource`), their deferred imports of {project} made module imports."
     )
+    if replacing is not None:
+        described += f" They take the place of the file's `{replacing}`, which the plugin's replaces."
+    if constants:
+        described += f" The module constants they read moved with them: {', '.join(f'`{n}`' for n in constants)}."
+    if imported:
+        described += f" Imported from where an edit above moved them: {', '.join(f'`{n}`' for n in imported)}."
+    if edit.replace:
+        pairs = "; ".join(f"`{old}` -> `{new}`" for old, new in edit.replace)
+        described += f" The plugin's wording replaced in the moved text: {pairs}."
+    return described
 
 
-def decorate(edit, target: Source) -> str:
+def decorate(edit, target: Source, placed: dict[str, str]) -> str:
     changes = []
     for name in edit.functions:
         node = scope(target.tree, name)
-        at = target.offset((node.decorator_list or [node])[0].lineno, 0)
-        changes.append((at, at, f"@{edit.decorator}\n"))
+        first = (node.decorator_list or [node])[0]
+        at = target.offset(first.lineno, first.col_offset)
+        changes.append((at, at, f"@{edit.decorator}\n{' ' * first.col_offset}"))
     target.replace(changes)
+    add_imports(target, set(edit.imports))
     return (
         f"{', '.join(f'`{n}`' for n in edit.functions)} decorated with `{edit.decorator}`, as the plugin wraps them "
         "at import."
     )
+
+
+def literal(value: object) -> str:
+    """``repr(value)``, with a set's items sorted (their order is the hash seed's otherwise)."""
+    if isinstance(value, set | frozenset):
+        items = ", ".join(sorted(literal(v) for v in value))
+        return f"frozenset({{{items}}})" if isinstance(value, frozenset) else f"{{{items}}}"
+    return repr(value)
+
+
+def constant(edit, target: Source, placed: dict[str, str]) -> str:
+    if edit.name in module_names(target.tree):
+        raise StagingError(f"{edit.file} already binds {edit.name}")
+    at = above(target, scope(target.tree, edit.before))
+    text = literal(edit.value)
+    target.replace([(at, at, f"{edit.name} = {text}\n\n\n")])
+    placed[edit.name] = edit.file
+    return f"`{edit.name} = {text}`: the plugin's value, written out."
 
 
 def _ordinal(position: int) -> str:
@@ -434,6 +543,8 @@ EDITS = {
     "PassKeyword": pass_keyword,
     "MoveFunctions": move_functions,
     "Decorate": decorate,
+    "Constant": constant,
+    "ReplaceFunction": move_functions,
 }
 
 
@@ -441,10 +552,11 @@ def staged_files(staging, base: Path) -> tuple[dict[str, str], list[str]]:
     """Path in the base -> its staged text (edited files and the tests), and how each edit was generated."""
     edited: dict[str, Source] = {}
     notes = []
+    placed: dict[str, str] = {}  # name -> the file an edit moved or wrote it into
     for edit in staging.edits:
         if edit.file not in edited:
             edited[edit.file] = Source((base / edit.file).read_text(encoding="utf-8"))
-        described = EDITS[type(edit).__name__](edit, edited[edit.file])
+        described = EDITS[type(edit).__name__](edit, edited[edit.file], placed)
         notes.append(f"`{edit.file}`: {described}" + (f" {edit.note}" if edit.note else ""))
     files = {}
     for path, source in edited.items():
@@ -526,6 +638,10 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
     if related:
         target += f" Related: {', '.join(link(r) for r in related)}."
     files_list = "\n".join(f"- `{f}`" for f in changed)
+    # Where the pull request carries only part of the patch: the staging module's docstring says so, after its
+    # first paragraph.
+    staging_doc = inspect.getdoc(importlib.import_module(f"verl_qwen3vl_plugin.patches.{patch.name}.staging")) or ""
+    scope = "".join(f"{paragraph}\n\n" for paragraph in staging_doc.split("\n\n")[1:])
     return f"""\
 # {title(staging)}
 
@@ -539,7 +655,7 @@ Base: {staging.base}
 
 {patch.how}
 
-{target}
+{scope}{target}
 
 ### Checklist Before Starting
 
@@ -713,7 +829,11 @@ def pytest(python: Path, tests: Path, files: list[str], name: str) -> dict[str, 
     report = tests.parent / f"{name}.xml"
     report.unlink(missing_ok=True)
     env = clean_env()
-    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files]
+    # A file that cannot be imported (a dependency verl does not declare) is one error, not the end of the run.
+    command = [
+        str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+        f"--junitxml={report}", *files,
+    ]  # fmt: skip
     subprocess.run(command, cwd=tests.parent, env=env, capture_output=True, text=True, timeout=1200, check=False)
     if not report.is_file():
         return {f: "error" for f in files}
@@ -737,28 +857,62 @@ def apply(tree: Path, patch_file: Path, check: bool = False) -> bool:
     return done.returncode == 0 and "Skipped" not in done.stderr
 
 
+def module_file(base: Path, dotted: str) -> Path | None:
+    """The base's file of the module ``dotted`` (a package's ``__init__.py``), or None where it is no module."""
+    path = base.joinpath(*dotted.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imports_in(base: Path, path: Path) -> set[str]:
+    """What a file of the base imports, anywhere in it, relative imports resolved: each module, and ``module.name``
+    for each name taken from one."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except SyntaxError:
+        return set()
+    package = list(path.relative_to(base).parent.parts)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*parts, *([node.module] if node.module else [])])
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return found
+
+
 def upstream_tests(base: Path, touched: list[str]) -> list[str]:
-    """The base's own CPU tests (``*_on_cpu.py`` in its sdist) that import a touched module."""
+    """The base's own CPU tests (``*_on_cpu.py`` in its sdist) that import a touched module, or a module of the base
+    that imports one (a package re-exporting it, a module built on it): one step, not the whole import graph, which
+    from ``verl``'s ``__init__`` reaches most of verl."""
     modules = {p[:-3].replace("/", ".") for p in touched if p.endswith(".py") and not p.startswith("tests/")}
+
+    def names_touched(imported: set[str]) -> bool:
+        return any(i == m or i.startswith(m + ".") for i in imported for m in modules)
+
     found = []
     for path in sorted((base / "tests").rglob("test_*_on_cpu.py")):
         if str(path.relative_to(base)) in touched:  # a staged test
             continue
-        try:
-            imported = set(bindings(ast.parse(path.read_text(encoding="utf-8")).body).values())
-        except SyntaxError:
-            continue
-        if any(i == m or i.startswith(m + ".") for i in imported for m in modules):
+        imported = imports_in(base, path)
+        files = {module_file(base, i) or module_file(base, i.rpartition(".")[0]) for i in imported} - {None}
+        if names_touched(imported) or any(names_touched(imports_in(base, f)) for f in files):
             found.append(str(path.relative_to(base)))
     return found
 
 
-def prove() -> list[dict]:
+def prove(only: list[str] | None = None) -> list[dict]:
     """One row per staged pull request: checks (1) and (5) on a fresh extract with the diff applied; then, per base,
     the staged and upstream tests of every patch on the pristine base installed, and each patch's on its patched tree
     installed, in the base's venv with the plugin absent."""
     rows, runs = [], []
     for patch, staging in stagings():
+        if only and patch.name not in only:
+            continue
         started = time.monotonic()
         name = split_requirement(staging.base)[0]
         patch_file = OUT / patch.name / f"{name}.diff"
@@ -833,7 +987,10 @@ def main() -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 where the committed upstream/ differs")
     mode.add_argument("--prove", action="store_true", help="write upstream/, then prove each staged pull request")
     mode.add_argument("--index", action="store_true", help="only drop retired patches and rewrite README.md (offline)")
+    parser.add_argument("--patch", action="append", metavar="NAME", help="with --prove: prove only this patch's")
     args = parser.parse_args()
+    if args.patch and not args.prove:
+        parser.error("--patch goes with --prove")
     if args.index:
         write(index())
         return 0
@@ -852,7 +1009,11 @@ def main() -> int:
     write(files)
     if not args.prove:
         return 0
-    rows = prove()
+    unknown = set(args.patch or ()) - {patch.name for patch, _ in stagings()}
+    if unknown:
+        print(f"scripts/upstream.py: no staging for {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    rows = prove(args.patch)
     print(table(rows))
     print(json.dumps(rows))
     return 0 if all(r.get(c) is not False for r in rows for c in CHECKS) else 1

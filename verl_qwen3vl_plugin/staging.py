@@ -47,28 +47,59 @@ class PassKeyword:
 @dataclass(frozen=True)
 class MoveFunctions:
     """The module-level functions ``names`` of the replacement module ``source``, moved into ``file`` before its
-    function ``before``, with their imports made the file's (function-local imports of the upstream project hoisted to
-    its import block)."""
+    function or class ``before``, with their imports made the file's (function-local imports of the upstream project
+    hoisted to its import block). A module-level name of ``source`` they read comes with them: from the file where an
+    earlier edit of the staging moved it (imported), else, if the file does not bind it, its assignment moved too
+    (with the comment above it). ``replace``: (old, new) texts replaced in what is moved, each at least once (the
+    plugin's own wording, such as its name in log messages), listed in ``PR.md``."""
 
     file: str
     source: ModuleType
     names: tuple[str, ...]
     before: str
+    replace: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ReplaceFunction:
+    """As ``MoveFunctions``, in place of the file's module-level function ``replaces`` (one of ``names``): the
+    plugin's function of that name, which replaces upstream's at runtime, with the helpers it calls."""
+
+    file: str
+    source: ModuleType
+    names: tuple[str, ...]
+    replaces: str
+    replace: tuple[tuple[str, str], ...] = ()
     note: str = ""
 
 
 @dataclass(frozen=True)
 class Decorate:
-    """The module-level ``functions`` of ``file`` decorated with ``decorator``: the wrapper the plugin applies at
-    runtime (``originals.wrap``), applied at definition instead."""
+    """The ``functions`` of ``file`` (module-level, or methods as ``Class.method``) decorated with ``decorator``: the
+    wrapper the plugin applies at runtime (``originals.wrap``), applied at definition instead; ``imports``: the import
+    lines the decorator expression needs."""
 
     file: str
     functions: tuple[str, ...]
     decorator: str
+    imports: tuple[str, ...] = ()
     note: str = ""
 
 
-Edit = ChangeArgument | PassKeyword | MoveFunctions | Decorate
+@dataclass(frozen=True)
+class Constant:
+    """A module-level ``name = <value>`` in ``file``, before its function or class ``before``: a value the plugin
+    computes (its ``repr``, sets sorted), written out."""
+
+    file: str
+    name: str
+    value: object
+    before: str
+    note: str = ""
+
+
+Edit = ChangeArgument | PassKeyword | MoveFunctions | ReplaceFunction | Decorate | Constant
 
 
 @dataclass(frozen=True)

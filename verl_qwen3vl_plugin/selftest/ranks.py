@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import queue as queues
-import socket
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -19,13 +20,22 @@ from datetime import timedelta
 TIMED_OUT, DIED = "timed out", "died"
 
 
-def _run(rank: int, port: int, target: Callable, args: tuple, queue, collective_timeout: float) -> None:
+def _run(rank: int, rendezvous: str, target: Callable, args: tuple, queue, collective_timeout: float) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=collective_timeout))
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=2,
+            timeout=timedelta(seconds=collective_timeout),
+        )
+    except Exception:  # reported like any other failure, not as a rank that died without a word
+        queue.put((rank, {"error": traceback.format_exc()[-3000:]}))
+        return
     try:
         queue.put((rank, target(rank, *args)))
     except Exception:
@@ -40,16 +50,18 @@ def on_two_ranks(target: Callable, *args, timeout: float = 600, collective_timeo
     ``target`` must be importable by name (the processes are spawned). A rank that raises returns
     ``{"error": <traceback>}`` instead, a rank that dies without a word ``{"error": "died with exit code N"}``, and a
     rank still running after ``timeout`` seconds is killed and returns ``{"error": "timed out"}``: one broken rank
-    never hangs the caller.
+    never hangs the caller. The ranks meet through a file of their own, not a TCP port: a free port found here could
+    be taken by another group (another test worker) before rank 0 binds it.
     """
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="verl_qwen3vl_ranks_")
+    rendezvous = os.path.join(folder, "rendezvous")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_run, args=(rank, port, target, args, queue, collective_timeout)) for rank in range(2)]
+    procs = [
+        ctx.Process(target=_run, args=(rank, rendezvous, target, args, queue, collective_timeout)) for rank in range(2)
+    ]
     for proc in procs:
         proc.start()
     results, deadline = {}, time.monotonic() + timeout
@@ -68,4 +80,5 @@ def on_two_ranks(target: Callable, *args, timeout: float = 600, collective_timeo
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        shutil.rmtree(folder, ignore_errors=True)
     return [results.get(rank, {"error": TIMED_OUT}) for rank in range(2)]

@@ -24,7 +24,9 @@ def run(kind: str, plugin: bool = True) -> list[dict]:
     return results
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize(
+    "kind", ["dense", pytest.param("moe", marks=pytest.mark.skipif(VERL.release != (0, 7, 1), reason="CI time"))]
+)
 def test_sp2_equals_sp1_with_fused_kernels(kind):
     for r in run(kind):
         assert r["log_prob_diff"] == 0.0 and r["grad_rel_diff"] < GRAD_RTOL, r
