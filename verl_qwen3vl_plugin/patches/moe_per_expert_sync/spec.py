@@ -28,6 +28,7 @@ from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5_MOE, QWEN3_VL_MOE
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import FSDP_ENGINE, FSDP_ENGINE_UTILS, NPU_PATCH
+from verl_qwen3vl_plugin.weight_streams import keeps_names
 
 ENGINE, METHOD, STREAM = "FSDPEngine", "get_per_tensor_param", "per_tensor_param"
 UNFUSE = "unfuse_moe_params"
@@ -58,26 +59,9 @@ CHECKPOINT_LAYOUT = Shape(
 UNFUSES = Shape(id="verl0.9-unfuses-moe-params", verdict=Verdict.FIXED_UPSTREAM, verl=">=0.9")
 
 
-def _keeps_names(value: ast.expr) -> bool:
-    """``params`` (0.7.0), ``params.items()``, or ``((name, <expr>) for name, param in params.items())``."""
-    if ast.unparse(value) in ("params", "params.items()"):
-        return True
-    if not (isinstance(value, ast.GeneratorExp) and len(value.generators) == 1):
-        return False
-    loop = value.generators[0]
-    return (
-        ast.unparse(loop.iter) == "params.items()"
-        and not loop.ifs
-        and isinstance(loop.target, ast.Tuple)
-        and isinstance(value.elt, ast.Tuple)
-        and len(value.elt.elts) == 2
-        and ast.unparse(value.elt.elts[0]) == ast.unparse(loop.target.elts[0])
-    )
-
-
 def _kind(value: ast.expr) -> str | None:
     """What one assignment to ``per_tensor_param`` makes of the stream: "stored", "unfused" or None (unknown)."""
-    if _keeps_names(value):
+    if keeps_names(value):
         return "stored"
     if not (isinstance(value, ast.Call) and [ast.unparse(a) for a in value.args[:1]] == [STREAM]):
         return None

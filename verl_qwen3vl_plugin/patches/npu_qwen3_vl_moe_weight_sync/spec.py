@@ -29,6 +29,7 @@ from types import ModuleType
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.registry import NPU, Decision, Patch, Shape, Target, Verdict, unrecognized
 from verl_qwen3vl_plugin.upstream import FSDP_ENGINE, FSDP_ENGINE_UTILS, NPU_PATCH
+from verl_qwen3vl_plugin.weight_streams import keeps_names
 
 FUNCTION = "unfuse_moe_params"
 EXPERTS = "NPUQwen3VLMoeTextExperts"
@@ -75,24 +76,6 @@ def _stream_values(method: ast.FunctionDef) -> list[ast.expr]:
     ]
 
 
-def _keeps_names(value: ast.expr) -> bool:
-    """``params`` (0.7.0), ``params.items()``, or ``((name, <expr>) for name, param in params.items())``: names as
-    stored."""
-    if ast.unparse(value) in ("params", "params.items()"):
-        return True
-    if not (isinstance(value, ast.GeneratorExp) and len(value.generators) == 1):
-        return False
-    loop = value.generators[0]
-    return (
-        ast.unparse(loop.iter) == "params.items()"
-        and not loop.ifs
-        and isinstance(loop.target, ast.Tuple)
-        and isinstance(value.elt, ast.Tuple)
-        and len(value.elt.elts) == 2
-        and ast.unparse(value.elt.elts[0]) == ast.unparse(loop.target.elts[0])
-    )
-
-
 def _quantizes(value: ast.expr) -> bool:
     return (
         isinstance(value, ast.Call)
@@ -122,7 +105,7 @@ def _stream_shape(method: ast.FunctionDef) -> str | None:
     """ "stored" (verl 0.7 / 0.8), "unfused" (verl 0.9), or None: a stream built some other way."""
     values = _stream_values(method)
     unfused = [v for v in values if _unfuses(v)]
-    if not values or not all(_keeps_names(v) or _quantizes(v) or _unfuses(v) for v in values):
+    if not values or not all(keeps_names(v) or _quantizes(v) or _unfuses(v) for v in values):
         return None
     if not unfused and not syntax.calls(method, FUNCTION):
         return "stored"
