@@ -17,8 +17,7 @@ import json
 import sys
 
 import torch
-import torch.distributed as dist
-from seeded_pass import full, seeded_pass  # tests/_child, on every child's PYTHONPATH
+from seeded_pass import averaged_grads, seeded_pass  # tests/_child, on every child's PYTHONPATH
 from ulysses_ranks import boundary_inside_image, shard  # tests/_child, on every child's PYTHONPATH
 
 from verl_qwen3vl_plugin import originals
@@ -39,14 +38,7 @@ def run_pass(model, batch, sp, counts):
     """verl's forward at ``sp``, then the loss's backward: (log-probs, entropies, grads averaged as FSDP does, rows)."""
     counts.clear()
     log_probs, entropy = seeded_pass(model, batch, sp)
-    grads = {}
-    for name, p in model.named_parameters():
-        grad = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
-        if sp > 1 and not hasattr(p, "full_tensor"):  # FSDP averages over the ranks; plain modules do it here
-            grad = grad.clone()
-            dist.all_reduce(grad)
-            grad /= dist.get_world_size()
-        grads[name] = grad
+    grads = averaged_grads(model, sp)
     return log_probs, entropy, grads, list(counts)
 
 

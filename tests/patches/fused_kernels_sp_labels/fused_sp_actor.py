@@ -17,7 +17,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from seeded_pass import full  # tests/_child, on every child's PYTHONPATH
+from seeded_pass import averaged_grads  # tests/_child, on every child's PYTHONPATH
 from ulysses_ranks import shard  # tests/_child, on every child's PYTHONPATH
 
 from verl_qwen3vl_plugin.selftest.ranks import on_two_ranks
@@ -40,14 +40,7 @@ def fused_pass(model, batch, sp):
     log_probs = out["log_probs"] if isinstance(out, dict) else out[1]  # verl 0.7.1 a dict, 0.7.0 (entropy, lp)
     weights = torch.randn(log_probs.shape, generator=torch.Generator().manual_seed(5))
     (log_probs * weights).sum().backward()
-    grads = {}
-    for name, p in model.named_parameters():
-        grad = full(p.grad) if p.grad is not None else torch.zeros(p.shape)
-        if sp > 1 and not hasattr(p, "full_tensor"):  # FSDP averages over the ranks; plain modules do it here
-            grad = grad.clone()
-            dist.all_reduce(grad)
-            grad /= dist.get_world_size()
-        grads[name] = grad
+    grads = averaged_grads(model, sp)
     return log_probs.detach(), grads
 
 
