@@ -76,8 +76,9 @@ def on_the_cpu(transformer_impl) -> Iterator[None]:
         transformer_impl.log_gpu_memory_usage, transformer_impl.get_device_id = saved
 
 
-def engine_weight_stream(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What verl's FSDP engine (``FSDPEngine.get_per_tensor_param``) sends the rollout for ``model`` (unsharded)."""
+def engine_weight_stream(model: torch.nn.Module, method: Callable | None = None) -> dict[str, torch.Tensor]:
+    """What verl's FSDP engine (``FSDPEngine.get_per_tensor_param``, or ``method`` in its place) sends the rollout for
+    ``model`` (unsharded)."""
     from verl.workers.engine.fsdp import transformer_impl
 
     engine = SimpleNamespace(
@@ -88,5 +89,5 @@ def engine_weight_stream(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         _qat_enabled=False,
     )
     with on_the_cpu(transformer_impl):
-        weights, _ = transformer_impl.FSDPEngine.get_per_tensor_param(engine)
+        weights, _ = (method or transformer_impl.FSDPEngine.get_per_tensor_param)(engine)
         return dict(weights)

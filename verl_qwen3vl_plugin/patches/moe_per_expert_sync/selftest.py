@@ -5,8 +5,6 @@ gives for tokens routed to that expert alone: the sent keys are the experts, wha
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from verl_qwen3vl_plugin.selftest import Check
@@ -23,21 +21,10 @@ def verl_stream(model: torch.nn.Module, split: bool) -> dict[str, torch.Tensor]:
     from verl_qwen3vl_plugin import originals
     from verl_qwen3vl_plugin.patches.moe_per_expert_sync.replacement import per_expert_stream
     from verl_qwen3vl_plugin.patches.moe_per_expert_sync.spec import ENGINE, METHOD, layouts
-    from verl_qwen3vl_plugin.selftest.moe_blocks import on_the_cpu
+    from verl_qwen3vl_plugin.selftest.moe_blocks import engine_weight_stream
 
     method = originals.original(getattr(transformer_impl, ENGINE), METHOD)
-    if split:
-        method = per_expert_stream(method, layouts())
-    engine = SimpleNamespace(
-        module=model,
-        model_config=SimpleNamespace(lora={}, hf_config=model.config),
-        _uses_fsdp2_cpu_offload_policy=True,  # no FSDP here: nothing to stage on a device
-        _is_offload_param=False,
-        _qat_enabled=False,
-    )
-    with on_the_cpu(transformer_impl):
-        weights, _ = method(engine)
-        return dict(weights)
+    return engine_weight_stream(model, per_expert_stream(method, layouts()) if split else method)
 
 
 def experts_check(name: str, model: torch.nn.Module, sent: dict[str, torch.Tensor]) -> Check:
