@@ -12,7 +12,7 @@ clean).
     python scripts/upstream.py           # rewrite upstream/
     python scripts/upstream.py --check   # exit 1, naming them, where a committed file differs (tests)
     python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table and one JSON line
-    python scripts/upstream.py --prove --patch NAME   # ... only NAME's (repeatable)
+    python scripts/upstream.py [--check | --prove] --patch NAME   # ... only NAME's (repeatable)
     python scripts/upstream.py --index   # offline: drop the folders of retired patches, rewrite README.md
 
 ``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import fcntl
 import importlib
 import inspect
 import json
@@ -39,6 +41,7 @@ import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -525,13 +528,15 @@ def _ordinal(position: int) -> str:
 # --- one staged pull request ------------------------------------------------------------------------------------------
 
 
-def stagings() -> list[tuple[object, object]]:
-    """(spec, staging) of every patch with a ``staging.py``, in the order to send them."""
+def stagings(only: list[str] | None = None) -> list[tuple[object, object]]:
+    """(spec, staging) of every patch with a ``staging.py`` (of ``only``'s, where given), in the order to send them."""
     sys.path.insert(0, str(ROOT))
     from verl_qwen3vl_plugin.patches import NAMES, spec
 
     found = []
     for name in NAMES:
+        if only and name not in only:
+            continue
         if (ROOT / "verl_qwen3vl_plugin" / "patches" / name / "staging.py").is_file():
             module = importlib.import_module(f"verl_qwen3vl_plugin.patches.{name}.staging")
             found.append((spec(name), module.STAGING))
@@ -723,18 +728,20 @@ pull request on its base with the plugin absent.
 """
 
 
-def generated() -> dict[Path, str]:
-    """Every file of ``upstream/``, from the stagings."""
+def generated(only: list[str] | None = None) -> dict[Path, str]:
+    """Every file of ``upstream/``, from the stagings; with ``only``, those patches' folders alone (the README lists
+    them all): one patch's staging can be worked on while another's is half written."""
     files: dict[Path, str] = {}
     rows = []
-    for patch, staging in stagings():
+    for patch, staging in stagings(only):
         base = base_tree(staging.base)
         staged, notes = staged_files(staging, base)
         patch_diff = diff(base, staged)
         files[OUT / patch.name / f"{split_requirement(staging.base)[0]}.diff"] = patch_diff
         files[OUT / patch.name / "PR.md"] = pull_request(patch, staging, staged, notes, patch_diff)
         rows.append((patch, staging, patch_diff))
-    files[OUT / "README.md"] = readme(rows)
+    if not only:
+        files[OUT / "README.md"] = readme(rows)
     return files
 
 
@@ -752,15 +759,16 @@ def index() -> dict[Path, str]:
     return files
 
 
-def stale(files: dict[Path, str]) -> list[Path]:
-    """Committed files that differ from ``files``, and files under ``upstream/`` that generation no longer writes."""
+def stale(files: dict[Path, str], prune: bool = True) -> list[Path]:
+    """Committed files that differ from ``files``, and (``prune``) files under ``upstream/`` that generation no longer
+    writes."""
     differ = [p for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
-    extra = [p for p in OUT.rglob("*") if p.is_file() and p not in files] if OUT.is_dir() else []
+    extra = [p for p in OUT.rglob("*") if p.is_file() and p not in files] if OUT.is_dir() and prune else []
     return sorted(differ + extra)
 
 
-def write(files: dict[Path, str]) -> None:
-    for path in stale(files):
+def write(files: dict[Path, str], prune: bool = True) -> None:
+    for path in stale(files, prune):
         if path in files:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(files[path], encoding="utf-8")
@@ -935,34 +943,47 @@ def prove(only: list[str] | None = None) -> list[dict]:
             runs.append((row, staging, tree, scratch / "run" / "tests", upstream_tests(tree, changed)))
         row["seconds"] = round(time.monotonic() - started)
     for base in sorted({staging.base for _, staging, *_ in runs}):
-        python = venv(base)
-        mine = [r for r in runs if r[1].base == base]
-        pristine = WORK / "prove" / f"_{base}"
-        shutil.rmtree(pristine, ignore_errors=True)
-        install(python, extract(base, pristine))  # a fresh extract: the install builds in the tree it is given
-        before = {}
-        for row, staging, _, tests, own in mine:
-            started = time.monotonic()
-            staged = [t.path for t in staging.tests]
-            before[row["patch"]] = (
-                pytest(python, tests, staged, "staged-on-base"),
-                pytest(python, tests, own, "upstream-on-base") if own else {},
-            )
-            row["seconds"] += round(time.monotonic() - started)
-        for row, staging, tree, tests, own in mine:
-            started = time.monotonic()
-            install(python, tree)
-            staged_before, own_before = before[row["patch"]]
-            after = pytest(python, tests, [t.path for t in staging.tests], "staged-patched")
-            own_after = pytest(python, tests, own, "upstream-patched") if own else {}
-            row["staged_pass"] = bool(after) and all(o == "passed" for o in after.values())
-            row["fails_on_base"] = bool(staged_before) and all(
-                o in ("failure", "error") for o in staged_before.values()
-            )
-            row["upstream_same"] = (own_before == own_after) if own else None
-            row |= {"staged_tests": len(after), "upstream_tests": len(own_after)}
-            row["seconds"] += round(time.monotonic() - started)
+        with base_lock(base):
+            _prove_on(base, [r for r in runs if r[1].base == base])
     return rows
+
+
+@contextlib.contextmanager
+def base_lock(requirement: str) -> Iterator[None]:
+    """The base's venv to this process alone: a proof installs the pristine and each patched tree into it in turn, so
+    two proofs on one base at once would test each other's installs."""
+    (WORK / "venvs").mkdir(parents=True, exist_ok=True)
+    with open(WORK / "venvs" / f"{''.join(split_requirement(requirement))}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _prove_on(base: str, mine: list[tuple]) -> None:
+    """Checks (2) to (4) of every patch in ``mine``, all on ``base``."""
+    python = venv(base)
+    pristine = WORK / "prove" / f"_{base}"
+    shutil.rmtree(pristine, ignore_errors=True)
+    install(python, extract(base, pristine))  # a fresh extract: the install builds in the tree it is given
+    before = {}
+    for row, staging, _, tests, own in mine:
+        started = time.monotonic()
+        staged = [t.path for t in staging.tests]
+        before[row["patch"]] = (
+            pytest(python, tests, staged, "staged-on-base"),
+            pytest(python, tests, own, "upstream-on-base") if own else {},
+        )
+        row["seconds"] += round(time.monotonic() - started)
+    for row, staging, tree, tests, own in mine:
+        started = time.monotonic()
+        install(python, tree)
+        staged_before, own_before = before[row["patch"]]
+        after = pytest(python, tests, [t.path for t in staging.tests], "staged-patched")
+        own_after = pytest(python, tests, own, "upstream-patched") if own else {}
+        row["staged_pass"] = bool(after) and all(o == "passed" for o in after.values())
+        row["fails_on_base"] = bool(staged_before) and all(o in ("failure", "error") for o in staged_before.values())
+        row["upstream_same"] = (own_before == own_after) if own else None
+        row |= {"staged_tests": len(after), "upstream_tests": len(own_after)}
+        row["seconds"] += round(time.monotonic() - started)
 
 
 CHECKS = ("applies", "staged_pass", "fails_on_base", "upstream_same", "ruff")
@@ -987,26 +1008,26 @@ def main() -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 where the committed upstream/ differs")
     mode.add_argument("--prove", action="store_true", help="write upstream/, then prove each staged pull request")
     mode.add_argument("--index", action="store_true", help="only drop retired patches and rewrite README.md (offline)")
-    parser.add_argument("--patch", action="append", metavar="NAME", help="with --prove: prove only this patch's")
+    parser.add_argument("--patch", action="append", metavar="NAME", help="only this patch's (repeatable)")
     args = parser.parse_args()
-    if args.patch and not args.prove:
-        parser.error("--patch goes with --prove")
+    if args.patch and args.index:
+        parser.error("--patch does not go with --index")
     if args.index:
         write(index())
         return 0
     try:
-        files = generated()
+        files = generated(args.patch)
     except (StagingError, subprocess.CalledProcessError) as exc:
         print(f"scripts/upstream.py: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        out_of_date = stale(files)
+        out_of_date = stale(files, prune=not args.patch)
         if out_of_date:
             names = ", ".join(str(p.relative_to(ROOT)) for p in out_of_date)
             print(f"out of date (run python scripts/upstream.py): {names}")
             return 1
         return 0
-    write(files)
+    write(files, prune=not args.patch)
     if not args.prove:
         return 0
     unknown = set(args.patch or ()) - {patch.name for patch, _ in stagings()}
