@@ -643,6 +643,12 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
     if related:
         target += f" Related: {', '.join(link(r) for r in related)}."
     files_list = "\n".join(f"- `{f}`" for f in changed)
+    benchmark = (
+        f"\n\n**Benchmark** (`{staging.benchmark.command}`; the plugin's `docs/performance.md`, "
+        f'"{staging.benchmark.section}"):\n\n{performance_section(staging.benchmark.section)}'
+        if staging.benchmark
+        else ""
+    )
     # Where the pull request carries only part of the patch: the staging module's docstring says so, after its
     # first paragraph.
     staging_doc = inspect.getdoc(importlib.import_module(f"verl_qwen3vl_plugin.patches.{patch.name}.staging")) or ""
@@ -675,7 +681,7 @@ Passes with this change and fails without it, on CPU; verl's CPU CI runs `*_on_c
 
 ```bash
 pytest -q {" ".join(tests)}
-```
+```{benchmark}
 
 ### API and Usage Example
 
@@ -704,6 +710,21 @@ The plugin's notes on the bug and the change:
 - [x] Add unit or end-to-end test(s) to [the CI workflow](https://github.com/volcengine/verl/tree/main/.github/workflows) to cover all the code: {", ".join(f"`{t}`" for t in tests)} (CPU, `*_on_cpu.py`).
 - [ ] Once your PR is ready for CI, send a message in the `ci-request` channel of the `verl` Slack workspace.
 """  # noqa: E501
+
+
+def performance_section(heading: str) -> str:
+    """The body of the section of ``docs/performance.md`` headed ``heading``: up to the next heading of its level or
+    above."""
+    lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").splitlines()
+    levels, fenced = [], False  # a heading's level, 0 for other lines (a shell comment in a code block among them)
+    for line in lines:
+        fenced ^= line.startswith("```")
+        levels.append(0 if fenced or not line.startswith("#") else len(line) - len(line.lstrip("#")))
+    starts = [i for i, line in enumerate(lines) if levels[i] and line.lstrip("#").strip() == heading]
+    if len(starts) != 1:
+        raise StagingError(f"docs/performance.md has {len(starts)} sections headed {heading!r}")
+    end = next((i for i in range(starts[0] + 1, len(lines)) if 0 < levels[i] <= levels[starts[0]]), len(lines))
+    return "\n".join(lines[starts[0] + 1 : end]).strip()
 
 
 def readme(rows: list[tuple[object, object, str]]) -> str:
@@ -782,48 +803,66 @@ def write(files: dict[Path, str], prune: bool = True) -> None:
 # --- the proof ------------------------------------------------------------------------------------------------------
 
 
-def stack(requirement: str) -> list[str]:
-    """The pip requirements of the noxfile stack whose verl pin is ``requirement`` (torch first), read without
-    importing nox: its module-level constants, evaluated."""
+def stack(staging) -> list[str]:
+    """The pip requirements of the proof's noxfile stack (torch first): the one ``staging.stack`` names, else the
+    first that pins the base. Read without importing nox: its module-level constants, evaluated."""
     tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
-    names = {"TORCH", "VERL_EXTRAS", "STACKS"}
+    names = {"TORCH", "VERL_EXTRAS", "STACKS", "FORWARD_STACKS", "FORWARD_BASE"}
     constants: dict = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and {ast.unparse(t) for t in node.targets} <= names:
             exec(compile(ast.Module(body=[node], type_ignores=[]), "noxfile.py", "exec"), constants)  # noqa: S102
-    for requirements in constants["STACKS"].values():
-        if requirement in requirements:
+    stacks = dict(constants["STACKS"])
+    # A forward stack is its base stack with one requirement moved: pip takes the later of two pins of a package.
+    for name, moved in constants["FORWARD_STACKS"].items():
+        package = moved.partition("==")[0]
+        stacks[name] = [*(r for r in stacks[constants["FORWARD_BASE"]] if not r.startswith(package)), moved]
+    if staging.stack:
+        if staging.stack not in stacks:
+            raise StagingError(f"no stack {staging.stack!r} in noxfile.py")
+        return [constants["TORCH"], *stacks[staging.stack]]
+    for requirements in stacks.values():
+        if staging.base in requirements:
             return [constants["TORCH"], *requirements]
-    raise StagingError(f"no stack in noxfile.py pins {requirement}")
+    raise StagingError(f"no stack in noxfile.py pins {staging.base}")
 
 
-def venv(requirement: str) -> Path:
-    """``.upstream-work/venvs/<base>``: the base's stack from PyPI, pytest, and never the plugin."""
-    name, version = split_requirement(requirement)
-    path = WORK / "venvs" / f"{name}{version}"
+def venv_key(staging) -> str:
+    """The proof venv's name: the base, and the stack where the staging names one."""
+    return "".join(split_requirement(staging.base)) + (f"-{staging.stack}" if staging.stack else "")
+
+
+def venv(staging) -> Path:
+    """``.upstream-work/venvs/<key>``: the proof's stack from PyPI, pytest, and never the plugin."""
+    path = WORK / "venvs" / venv_key(staging)
     python = path / "bin" / "python"
     ready = path / ".ready"
     if not ready.is_file():
         shutil.rmtree(path, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
         subprocess.run(
-            [python, "-m", "pip", "install", "-q", *stack(requirement), "pytest", "setuptools", "wheel"], check=True
+            [python, "-m", "pip", "install", "-q", *stack(staging), "pytest", "setuptools", "wheel"], check=True
         )
-        ready.write_text(requirement)
+        ready.write_text(venv_key(staging))
     return python
 
 
-def install(python: Path, tree: Path) -> None:
+def install(python: Path, tree: Path, package: str) -> None:
+    """The tree installed over the venv's release of ``package`` (the base's import name), checked to be the one
+    imported, with the plugin absent."""
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--force-reinstall", str(tree)],
         check=True, capture_output=True,
     )  # fmt: skip
-    probe = "import importlib.util, verl; print(importlib.util.find_spec('verl_qwen3vl_plugin') is None, verl.__file__)"
+    probe = (
+        f"import importlib.util, {package}; "
+        f"print(importlib.util.find_spec('verl_qwen3vl_plugin') is None, {package}.__file__)"
+    )
     absent, where = subprocess.run(
         [python, "-c", probe], cwd=WORK, env=clean_env(), check=True, capture_output=True, text=True
     ).stdout.split()
     if absent != "True" or str(WORK) not in where:
-        raise StagingError(f"the proof venv sees the plugin ({absent}) or a verl outside it ({where})")
+        raise StagingError(f"the proof venv sees the plugin ({absent}) or a {package} outside it ({where})")
 
 
 def clean_env() -> dict[str, str]:
@@ -942,28 +981,30 @@ def prove(only: list[str] | None = None) -> list[dict]:
             shutil.copyfile(tree / "pyproject.toml", scratch / "run" / "pyproject.toml")
             runs.append((row, staging, tree, scratch / "run" / "tests", upstream_tests(tree, changed)))
         row["seconds"] = round(time.monotonic() - started)
-    for base in sorted({staging.base for _, staging, *_ in runs}):
-        with base_lock(base):
-            _prove_on(base, [r for r in runs if r[1].base == base])
+    for key in sorted({venv_key(staging) for _, staging, *_ in runs}):
+        with venv_lock(key):
+            _prove_on([r for r in runs if venv_key(r[1]) == key])
     return rows
 
 
 @contextlib.contextmanager
-def base_lock(requirement: str) -> Iterator[None]:
-    """The base's venv to this process alone: a proof installs the pristine and each patched tree into it in turn, so
-    two proofs on one base at once would test each other's installs."""
+def venv_lock(key: str) -> Iterator[None]:
+    """A proof venv to this process alone: a proof installs the pristine and each patched tree into it in turn, so
+    two proofs in one venv at once would test each other's installs."""
     (WORK / "venvs").mkdir(parents=True, exist_ok=True)
-    with open(WORK / "venvs" / f"{''.join(split_requirement(requirement))}.lock", "w") as handle:
+    with open(WORK / "venvs" / f"{key}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
-def _prove_on(base: str, mine: list[tuple]) -> None:
-    """Checks (2) to (4) of every patch in ``mine``, all on ``base``."""
-    python = venv(base)
-    pristine = WORK / "prove" / f"_{base}"
+def _prove_on(mine: list[tuple]) -> None:
+    """Checks (2) to (4) of every patch in ``mine``, all with one base and one proof venv."""
+    staging = mine[0][1]
+    base, package = staging.base, split_requirement(staging.base)[0]
+    python = venv(staging)
+    pristine = WORK / "prove" / f"_{venv_key(staging)}"
     shutil.rmtree(pristine, ignore_errors=True)
-    install(python, extract(base, pristine))  # a fresh extract: the install builds in the tree it is given
+    install(python, extract(base, pristine), package)  # a fresh extract: the install builds in the tree it is given
     before = {}
     for row, staging, _, tests, own in mine:
         started = time.monotonic()
@@ -975,7 +1016,7 @@ def _prove_on(base: str, mine: list[tuple]) -> None:
         row["seconds"] += round(time.monotonic() - started)
     for row, staging, tree, tests, own in mine:
         started = time.monotonic()
-        install(python, tree)
+        install(python, tree, package)
         staged_before, own_before = before[row["patch"]]
         after = pytest(python, tests, [t.path for t in staging.tests], "staged-patched")
         own_after = pytest(python, tests, own, "upstream-patched") if own else {}

@@ -112,10 +112,21 @@ class StagedTest:
 
 
 @dataclass(frozen=True)
+class Benchmark:
+    """The measured numbers a pull request cites: the section of ``docs/performance.md`` headed ``section`` (its
+    text, quoted whole in ``PR.md``, so the figures are told once) and the ``command`` that measures them."""
+
+    section: str
+    command: str
+
+
+@dataclass(frozen=True)
 class Staging:
     """One pull request: its base (a pip requirement, the sdist its diff is against), the title's parts (verl's
     ``[{modules}] {type}: {description}``), the edits and tests, ``backport_of`` (the release line, e.g. ``0.7.x``, when
-    the fix is already on main) and ``order`` (where it goes in the sending order: lower first)."""
+    the fix is already on main), ``order`` (where it goes in the sending order: lower first) and ``stack`` (the
+    ``noxfile.py`` stack the proof's venv is built from, where the first one pinning the base is not it: a fix for a
+    transformers past verl's pin proves on a forward stack) and ``benchmark`` (for a speed-up, the figures it cites)."""
 
     base: str
     modules: tuple[str, ...]
@@ -126,3 +137,5 @@ class Staging:
     order: int
     backport_of: str | None = None
     fixed_on_main_by: tuple[str, ...] = ()
+    stack: str | None = None
+    benchmark: Benchmark | None = None
