@@ -14,6 +14,7 @@ clean).
     python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table and one JSON line
     python scripts/upstream.py [--check | --prove] --patch NAME   # ... only NAME's (repeatable)
     python scripts/upstream.py --index   # offline: drop the folders of retired patches, rewrite README.md
+    python scripts/upstream.py --apply-to GIT_DIR   # git apply --check each diff to a git repository's branch
 
 ``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a
 venv of the base's stack (``noxfile.py``) with the patched tree installed and the plugin absent, the staged tests
@@ -33,6 +34,7 @@ import fcntl
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import os
 import shutil
@@ -46,6 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = "verl_qwen3vl_plugin"  # its import name: moved code never imports it
 OUT = ROOT / "upstream"
 WORK = ROOT / ".upstream-work"
 REPOSITORIES = {"verl": "verl-project/verl", "transformers": "huggingface/transformers"}
@@ -308,7 +311,7 @@ def function_tree(function) -> tuple[ast.FunctionDef, dict[str, str]]:
 PLACEHOLDER = "__staged_argument__"
 
 
-def change_argument(edit, target: Source, placed: dict[str, str]) -> str:
+def change_argument(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     source, bound = function_tree(edit.source)
     handed = [
         a
@@ -344,7 +347,7 @@ def change_argument(edit, target: Source, placed: dict[str, str]) -> str:
     )
 
 
-def pass_keyword(edit, target: Source, placed: dict[str, str]) -> str:
+def pass_keyword(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     source, bound = function_tree(edit.source)
     values = [
         n.value
@@ -393,6 +396,12 @@ def dotted_module(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
+def placed_import(name: str, where: tuple[str, str]) -> str:
+    """The import of ``name`` from the file an earlier edit moved it into, under the name it has there."""
+    file, there = where
+    return f"from {dotted_module(file)} import {there}" + (f" as {name}" if there != name else "")
+
+
 def above(target: Source, node: ast.AST) -> int:
     """Where to insert before the module-level ``node``: above its decorators and the comment lines right above it."""
     line = (node.decorator_list or [node])[0].lineno
@@ -402,14 +411,15 @@ def above(target: Source, node: ast.AST) -> int:
     return target.offset(line, 0)
 
 
-def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
+def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     """``MoveFunctions``, and ``ReplaceFunction`` (the same move, in place of the file's function ``replaces``)."""
     module_text = inspect.getsource(edit.source)
     module = Source(module_text)
     project = edit.file.split("/")[0]
     replacing = getattr(edit, "replaces", None)
-    if replacing is not None and replacing not in edit.names:
-        raise StagingError(f"{replacing} is replaced by none of {edit.names}")
+    renamed = getattr(edit, "by", None)  # the plugin's function that takes upstream's name
+    if replacing is not None and (renamed or replacing) not in edit.names:
+        raise StagingError(f"{renamed or replacing} is replaced by none of {edit.names}")
     source_bound = bindings(module.tree.body)
     source_names = module_names(module.tree)
     target_names = (module_names(target.tree).keys() | bindings(target.tree.body).keys()) - {replacing}
@@ -441,14 +451,22 @@ def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
             imports |= {import_line(k, v) for k, v in bindings([n]).items()}
         texts.append("\n".join(line for i, line in enumerate(lines) if i not in drop))
         for used in free_names(node) & source_bound.keys():
+            # A name the plugin imports from its own modules comes from where an edit of the staging moved it.
+            if source_bound[used].split(".")[0] == PLUGIN:
+                if used not in placed:
+                    raise StagingError(f"{name} reads {used} from {source_bound[used]}, which no edit above moves")
+                if placed[used][0] != edit.file:
+                    imports.add(placed_import(used, placed[used]))
+                    imported.append(used)
+                continue
             imports.add(import_line(used, source_bound[used]))
         # The module-level names it reads: moved by an earlier edit (imported from there), the file's own, or a
         # constant moved with it.
         for used in sorted(free_names(node) & source_names.keys() - set(edit.names) - source_bound.keys()):
             if used in target_names or used in constants:
                 continue
-            if used in placed and placed[used] != edit.file:
-                imports.add(f"from {dotted_module(placed[used])} import {used}")
+            if used in placed and placed[used][0] != edit.file:
+                imports.add(placed_import(used, placed[used]))
                 imported.append(used)
             elif isinstance(source_names[used], ast.Assign | ast.AnnAssign):
                 constants.append(used)
@@ -465,6 +483,11 @@ def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
         for read in free_names(node.value) & source_bound.keys() if node.value else ():
             imports.add(import_line(read, source_bound[read]))
     moved = ("\n".join(constant_texts) + "\n\n\n" if constant_texts else "") + "\n\n\n".join(texts) + "\n\n\n"
+    if renamed:
+        readers = [n for n in edit.names if renamed in free_names(scope(module.tree, n))]
+        if readers or f"def {renamed}(" not in moved:
+            raise StagingError(f"{renamed} is not renamed to {replacing} by its def alone: {readers} read it")
+        moved = moved.replace(f"def {renamed}(", f"def {replacing}(")
     for old, new in edit.replace:
         if old not in moved:
             raise StagingError(f"{old!r} is not in what {edit.source.__name__} moves into {edit.file}")
@@ -478,12 +501,16 @@ def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
         end = target.offset(old.end_lineno, old.end_col_offset)
         target.replace([(above(target, old), end, moved.rstrip("\n"))])
     add_imports(target, imports)
-    placed.update({n: edit.file for n in [*constants, *edit.names]})
+    placed.update({n: (edit.file, n) for n in [*constants, *edit.names]})
+    if renamed:
+        placed[renamed] = (edit.file, replacing)
     described = (
         f"{', '.join(f'`{n}`' for n in edit.names)} moved in whole from the plugin's `{edit.source.__name__}` "
         f"(`inspect.getsource`), their deferred imports of {project} made module imports."
     )
-    if replacing is not None:
+    if renamed:
+        described += f" `{renamed}` takes the place of the file's `{replacing}` under its name, as at runtime."
+    elif replacing is not None:
         described += f" They take the place of the file's `{replacing}`, which the plugin's replaces."
     if constants:
         described += f" The module constants they read moved with them: {', '.join(f'`{n}`' for n in constants)}."
@@ -495,7 +522,7 @@ def move_functions(edit, target: Source, placed: dict[str, str]) -> str:
     return described
 
 
-def decorate(edit, target: Source, placed: dict[str, str]) -> str:
+def decorate(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     changes = []
     for name in edit.functions:
         node = scope(target.tree, name)
@@ -518,14 +545,105 @@ def literal(value: object) -> str:
     return repr(value)
 
 
-def constant(edit, target: Source, placed: dict[str, str]) -> str:
+def constant(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     if edit.name in module_names(target.tree):
         raise StagingError(f"{edit.file} already binds {edit.name}")
     at = above(target, scope(target.tree, edit.before))
     text = literal(edit.value)
     target.replace([(at, at, f"{edit.name} = {text}\n\n\n")])
-    placed[edit.name] = edit.file
+    placed[edit.name] = (edit.file, edit.name)
     return f"`{edit.name} = {text}`: the plugin's value, written out."
+
+
+def unguard(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
+    source, _ = function_tree(edit.source)
+    called = [c for c in ast.walk(source) if isinstance(c, ast.Call) and ast.unparse(c.func).endswith(f".{edit.call}")]
+    guarded = {id(c) for n in ast.walk(source) if isinstance(n, ast.If) for c in ast.walk(n)}
+    if not called or any(id(c) in guarded for c in called):
+        raise StagingError(f"{edit.source.__qualname__} does not call {edit.call} under no condition")
+    found = [
+        n
+        for n in ast.walk(scope(target.tree, edit.scope))
+        if isinstance(n, ast.If) and ast.unparse(n.test) == edit.test and calls_attribute(n, edit.call)
+    ]
+    if len(found) != 1 or found[0].orelse:
+        raise StagingError(f"{edit.scope} has no single `if {edit.test}:` calling {edit.call}, without an else")
+    guard = found[0]
+    indent = guard.body[0].col_offset - guard.col_offset
+    body = target.data[target.offset(guard.body[0].lineno, 0) : target.offset(guard.end_lineno, guard.end_col_offset)]
+    # Blank lines stay blank; every other line of the body loses one level.
+    text = "\n".join(line[indent:] if line.strip() else line for line in body.decode().split("\n"))
+    target.replace([(target.offset(guard.lineno, 0), target.offset(guard.end_lineno, guard.end_col_offset), text)])
+    return (
+        f"In `{edit.scope}`, the body of `if {edit.test}:` now runs in every case: the plugin's "
+        f"`{edit.source.__qualname__}` calls `{edit.call}` under no condition (checked on its source)."
+    )
+
+
+def calls_attribute(node: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == name for c in ast.walk(node)
+    )
+
+
+def replace_method(edit, target: Source, placed: dict[str, str]) -> str:
+    """``ReplaceMethod``: the method's definition (from its first decorator) gives way to the plugin's function, the
+    function the plugin sets on the class, renamed and indented into the class body."""
+    module = Source(inspect.getsource(edit.source))
+    node = scope(module.tree, edit.function)
+    if not node.args.args or node.args.args[0].arg != "self":
+        raise StagingError(f"{edit.function} takes no self first: it is no method")
+    if any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(node)):
+        raise StagingError(f"{edit.function} imports in its body: move it with MoveFunctions, which hoists them")
+    # Indenting changes the value of a multi-line string, unless it is the docstring (which tools dedent).
+    docstring = node.body[0].value if ast.get_docstring(node) is not None else None
+    strings = [n for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    if any(s is not docstring and s.lineno != s.end_lineno for s in strings):
+        raise StagingError(f"{edit.function} has a multi-line string that indenting would change")
+    # The method's self is the class's: its annotation (the plugin's function is typed for any module) goes.
+    first = (node.decorator_list or [node])[0].lineno
+    self_arg = node.args.args[0]
+    start, end = module.offset(first, 0), module.offset(node.end_lineno, node.end_col_offset)
+    data = module.data
+    if self_arg.annotation is not None:
+        cut = module.offset(self_arg.lineno, self_arg.col_offset + len("self"))
+        to = module.offset(self_arg.annotation.end_lineno, self_arg.annotation.end_col_offset)
+        data = data[:cut] + data[to:]
+        end -= to - cut
+    text = data[start:end].decode()
+    source_bound = bindings(module.tree.body)
+    read = free_names(ast.parse(text))
+    imports = {import_line(n, source_bound[n]) for n in read & source_bound.keys()}
+    # The module-level names it reads: the file's own, or moved by an earlier edit (imported where that was another
+    # file).
+    for used in sorted(
+        read & module_names(module.tree).keys() - source_bound.keys() - module_names(target.tree).keys()
+    ):
+        if used not in placed:
+            raise StagingError(f"{edit.function} reads {used}, which no edit above moves")
+        if placed[used][0] != edit.file:
+            imports.add(placed_import(used, placed[used]))
+    if f"def {edit.function}(" not in text:
+        raise StagingError(f"no `def {edit.function}(` in {edit.source.__name__}")
+    text = text.replace(f"def {edit.function}(", f"def {edit.method.rpartition('.')[2]}(", 1)
+    for old, new in edit.replace:
+        if old not in text:
+            raise StagingError(f"{old!r} is not in {edit.function}, which replaces {edit.method} in {edit.file}")
+        text = text.replace(old, new)
+    old = scope(target.tree, edit.method)
+    indent = " " * old.col_offset
+    text = "\n".join(indent + line if line.strip() else "" for line in text.split("\n"))
+    at = target.offset((old.decorator_list or [old])[0].lineno, 0)
+    target.replace([(at, target.offset(old.end_lineno, old.end_col_offset), text)])
+    add_imports(target, imports)
+    described = (
+        f"`{edit.method}` replaced by the plugin's `{edit.source.__name__}.{edit.function}` (`inspect.getsource`), "
+        f"the function the plugin sets on the class at runtime, renamed to `{edit.method.rpartition('.')[2]}`."
+    )
+    if edit.replace:
+        pairs = "; ".join(f"`{old}` -> `{new}`" for old, new in edit.replace)
+        described += f" Replaced in its text: {pairs}."
+    return described
 
 
 def _ordinal(position: int) -> str:
@@ -557,6 +675,8 @@ EDITS = {
     "Decorate": decorate,
     "Constant": constant,
     "ReplaceFunction": move_functions,
+    "Unguard": unguard,
+    "ReplaceMethod": replace_method,
 }
 
 
@@ -564,7 +684,7 @@ def staged_files(staging, base: Path) -> tuple[dict[str, str], list[str]]:
     """Path in the base -> its staged text (edited files and the tests), and how each edit was generated."""
     edited: dict[str, Source] = {}
     notes = []
-    placed: dict[str, str] = {}  # name -> the file an edit moved or wrote it into
+    placed: dict[str, tuple[str, str]] = {}  # the plugin's name -> (the file an edit moved or wrote it into, its name)
     for edit in staging.edits:
         if edit.file not in edited:
             edited[edit.file] = Source((base / edit.file).read_text(encoding="utf-8"))
@@ -1083,12 +1203,48 @@ def table(rows: list[dict]) -> str:
     return "\n".join(" | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)) for line in [head, *body])
 
 
+def applied_to(git_dir: Path, only: list[str] | None) -> list[dict]:
+    """Each committed diff against the branch of a git repository of its upstream it is meant for (an sdist stands in
+    for main, so main may have moved on): ``git apply --check`` on that branch's tree, exported."""
+    rows = []
+    for patch, staging in stagings(only):
+        name, version = split_requirement(staging.base)
+        branch = f"release/v{version}" if staging.backport_of else "main"
+        row = {"patch": patch.name, "base": staging.base, "branch": branch}
+        ref = subprocess.run(
+            ["git", "--git-dir", str(git_dir), "rev-parse", "--verify", "-q", f"{branch}^{{commit}}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if ref.returncode:
+            rows.append(row | {"commit": None, "applies": None})
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            tree = Path(scratch) / "tree"
+            tree.mkdir()
+            archive = subprocess.run(
+                ["git", "--git-dir", str(git_dir), "archive", "--format=tar", branch], capture_output=True, check=True
+            )
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(tree, filter="data")
+            row |= {"commit": ref.stdout.strip()[:12], "applies": apply(tree, OUT / patch.name / f"{name}.diff", True)}
+        rows.append(row)
+        print(f"{patch.name}: {branch} {row['commit']}: {'applies' if row['applies'] else 'does NOT apply'}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 where the committed upstream/ differs")
     mode.add_argument("--prove", action="store_true", help="write upstream/, then prove each staged pull request")
     mode.add_argument("--index", action="store_true", help="only drop retired patches and rewrite README.md (offline)")
+    mode.add_argument(
+        "--apply-to",
+        metavar="GIT_DIR",
+        type=Path,
+        help="check that each committed diff applies to the upstream's git repository: main for a fix main needs, "
+        "release/v<version> for a backport (offline)",
+    )
     parser.add_argument("--patch", action="append", metavar="NAME", help="only this patch's (repeatable)")
     parser.add_argument(
         "--unproven",
@@ -1100,6 +1256,10 @@ def main() -> int:
         parser.error("--patch does not go with --index")
     if args.index:
         write(index())
+        return 0
+    if args.apply_to:
+        rows = applied_to(args.apply_to, args.patch)
+        print(json.dumps(rows))
         return 0
     try:
         files = generated(args.patch)
