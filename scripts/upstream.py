@@ -1,6 +1,7 @@
 """Stages patches upstream: for each patch with a ``staging.py`` (its ``STAGING``, ``verl_qwen3vl_plugin/staging.py``),
-``upstream/<patch>/verl.diff`` (a ``git diff`` against the extract of the base's sdist) and ``upstream/<patch>/PR.md``
-(verl's pull-request template, filled from the spec's story), and ``upstream/README.md`` (the order to send them in).
+``upstream/<patch>/<package>.diff`` (a ``git diff`` against the extract of the base's sdist: verl's or transformers')
+and ``upstream/<patch>/PR.md`` (that project's pull-request template, filled from the spec's story), and
+``upstream/README.md`` (the order to send them in).
 
 The staged code is generated from the patch's own replacement module, never kept twice: each edit of the staging
 names the replacement code it takes its text from (a moved function, the expression a wrapper hands on, a value it
@@ -14,21 +15,22 @@ clean).
     python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table and one JSON line
     python scripts/upstream.py [--check | --prove] --patch NAME   # ... only NAME's (repeatable)
     python scripts/upstream.py --index   # offline: drop the folders of retired patches, rewrite README.md
-    python scripts/upstream.py --apply-to GIT_DIR   # git apply --check each diff to a git repository's branch
+    python scripts/upstream.py --apply-to verl=GIT_DIR   # git apply --check each verl diff to its branch there
 
 ``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a
 venv of the base's stack (``noxfile.py``) with the patched tree installed and the plugin absent, the staged tests
 pass; (3) they fail on the unpatched base; (4) upstream's own CPU tests of the touched modules (the sdist's
-``tests/**/test_*_on_cpu.py`` that import one, or a module that imports one) have the same outcomes on both (``null``
-where the sdist holds none); (5) the touched files pass ruff with the base's ruff configuration. Downloads, extracts
-and venvs live under ``.upstream-work/`` (gitignored); the base is downloaded with ``pip download --no-binary :all:
---no-deps``.
+``tests/**/test_*_on_cpu.py`` for verl, ``test_*.py`` for transformers, that import one, or a module that imports
+one) have the same outcomes on both (``null`` where the sdist holds none: transformers' ships no model's tests);
+(5) the touched files pass ruff with the base's ruff configuration. Downloads, extracts and venvs live under
+``.upstream-work/`` (gitignored); the base is downloaded with ``pip download --no-binary :all: --no-deps``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -37,6 +39,7 @@ import inspect
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +63,18 @@ GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL"
 
 class StagingError(Exception):
     """A staging the generator cannot carry out without guessing."""
+
+
+def read(path: Path) -> str:
+    """A file's text with its line ends as stored: a diff of a CRLF file carries them, or it does not apply."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        return handle.read()
+
+
+def store(path: Path, text: str) -> None:
+    """``text`` written with its line ends as they are (``read``'s counterpart)."""
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
 
 
 # --- the base: its sdist, extracted ---------------------------------------------------------------------------------
@@ -218,6 +233,19 @@ def bindings(nodes: list[ast.stmt]) -> dict[str, str]:
                 for a in n.names:
                     bound[a.asname or a.name] = f"{n.module}.{a.name}"
     return bound
+
+
+def module_bindings(tree: ast.Module) -> dict[str, str]:
+    """``bindings`` of the imports a module runs at its top level (under an ``if`` or ``try`` too), not those inside
+    its functions and classes, which bind nothing the module's other code can read."""
+    top, pending = [], list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            top.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            pending.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt | ast.excepthandler))
+    return bindings(top)
 
 
 def import_line(name: str, dotted: str) -> str:
@@ -393,7 +421,8 @@ def module_names(tree: ast.Module) -> dict[str, ast.stmt]:
 
 
 def dotted_module(path: str) -> str:
-    return path.removesuffix(".py").replace("/", ".")
+    """A file's module, from its path in the sdist (transformers' sit under ``src/``)."""
+    return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
 
 
 def placed_import(name: str, where: tuple[str, str]) -> str:
@@ -411,18 +440,39 @@ def above(target: Source, node: ast.AST) -> int:
     return target.offset(line, 0)
 
 
+def drop_unused_imports(target: Source, names: set[str]) -> None:
+    """The module-level imports of ``names`` (what a replaced function read) that nothing in the file names any more,
+    removed: upstream's lint refuses an unused import. A name still written anywhere (a string annotation too) stays."""
+    imports = [n for n in target.tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    rest = target.data.decode()
+    for node in imports:  # the text outside the import statements
+        rest = rest.replace(target.segment(node), "")
+    unused = {n for n in names if n in bindings(imports) and not re.search(rf"\b{re.escape(n)}\b", rest)}
+    changes = []
+    for node in imports:
+        kept = [a for a in node.names if (a.asname or a.name.split(".")[0]) not in unused]
+        if len(kept) == len(node.names):
+            continue
+        start, end = target.offset(node.lineno, node.col_offset), target.offset(node.end_lineno, node.end_col_offset)
+        if kept:
+            changes.append((start, end, ast.unparse(type(node)(**{**vars(node), "names": kept}))))
+        else:  # the whole statement, with its line
+            changes.append((start, end + 1 if target.data[end : end + 1] == b"\n" else end, ""))
+    target.replace(changes)
+
+
 def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     """``MoveFunctions``, and ``ReplaceFunction`` (the same move, in place of the file's function ``replaces``)."""
     module_text = inspect.getsource(edit.source)
     module = Source(module_text)
-    project = edit.file.split("/")[0]
+    project = dotted_module(edit.file).split(".")[0]
     replacing = getattr(edit, "replaces", None)
     renamed = getattr(edit, "by", None)  # the plugin's function that takes upstream's name
     if replacing is not None and (renamed or replacing) not in edit.names:
         raise StagingError(f"{renamed or replacing} is replaced by none of {edit.names}")
     source_bound = bindings(module.tree.body)
     source_names = module_names(module.tree)
-    target_names = (module_names(target.tree).keys() | bindings(target.tree.body).keys()) - {replacing}
+    target_names = (module_names(target.tree).keys() | module_bindings(target.tree).keys()) - {replacing}
     texts, imports, constants, imported = [], set(), [], []
     for name in edit.names:
         node = scope(module.tree, name)
@@ -430,7 +480,7 @@ def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> 
             raise StagingError(f"{edit.file} already defines {name}")
         # The function's own imports of the upstream project become the file's (the plugin defers them), and so go
         # those the file makes already (a device library upstream imports at the top, the plugin only where it runs).
-        target_bound = bindings(target.tree.body)
+        target_bound = module_bindings(target.tree)
         local = [
             n
             for n in ast.walk(node)
@@ -450,7 +500,7 @@ def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> 
                 drop.add(n.end_lineno - first + 1)
             imports |= {import_line(k, v) for k, v in bindings([n]).items()}
         texts.append("\n".join(line for i, line in enumerate(lines) if i not in drop))
-        for used in free_names(node) & source_bound.keys():
+        for used in sorted(free_names(node) & source_bound.keys()):  # sorted: the notes list them in this order
             # A name the plugin imports from its own modules comes from where an edit of the staging moved it.
             if source_bound[used].split(".")[0] == PLUGIN:
                 if used not in placed:
@@ -500,6 +550,7 @@ def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> 
         old = scope(target.tree, replacing)
         end = target.offset(old.end_lineno, old.end_col_offset)
         target.replace([(above(target, old), end, moved.rstrip("\n"))])
+        drop_unused_imports(target, free_names(old))
     add_imports(target, imports)
     placed.update({n: (edit.file, n) for n in [*constants, *edit.names]})
     if renamed:
@@ -646,6 +697,194 @@ def replace_method(edit, target: Source, placed: dict[str, str]) -> str:
     return described
 
 
+def wrap_attribute(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
+    file, wrapper = placed.get(edit.wrapper, (None, None))
+    if file != edit.file:
+        raise StagingError(f"no edit above moves {edit.wrapper} into {edit.file}")
+    found = [
+        n for n in ast.walk(scope(target.tree, edit.scope)) if isinstance(n, ast.stmt) and ast.unparse(n) == edit.after
+    ]
+    if len(found) != 1:
+        raise StagingError(f"{edit.scope} has {len(found)} statements {edit.after!r}")
+    at = target.offset(found[0].end_lineno, found[0].end_col_offset)
+    indent = " " * found[0].col_offset
+    lines = [f"{owner}.{edit.attribute} = {wrapper}({owner}.{edit.attribute})" for owner in edit.owners]
+    target.replace([(at, at, "".join(f"\n{indent}{line}" for line in lines))])
+    return (
+        f"In `{edit.scope}`, after `{edit.after}`: {', '.join(f'`{line}`' for line in lines)}, as the plugin wraps "
+        f"them at import (`originals.wrap`)."
+    )
+
+
+def read_through(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
+    moved = placed.get(edit.reader.__name__)
+    if moved is None or moved[0] != edit.file:
+        raise StagingError(f"{edit.reader.__name__} is not moved into {edit.file} by an edit above")
+    reader = moved[1]
+    changes, read = [], set()
+    for dotted in edit.scopes:
+        node = scope(target.tree, dotted)
+        owner = node.args.args[0].arg
+        found = [
+            n
+            for n in ast.walk(node)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.ctx, ast.Load)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == owner
+            and n.attr in edit.attributes
+        ]
+        if not found:
+            raise StagingError(f"{dotted} reads none of {', '.join(edit.attributes)} on {owner}")
+        read |= {n.attr for n in found}
+        changes += [
+            (
+                target.offset(n.lineno, n.col_offset),
+                target.offset(n.end_lineno, n.end_col_offset),
+                f'{reader}({owner}, "{n.attr}")',
+            )
+            for n in found
+        ]
+    if set(edit.attributes) - read:
+        raise StagingError(f"no scope reads {', '.join(sorted(set(edit.attributes) - read))}")
+    target.replace(changes)
+    scopes = ", ".join(f"`{s}`" for s in edit.scopes)
+    names = ", ".join(f"`{a}`" for a in edit.attributes)
+    return (
+        f"In {scopes}, each read of {names} on the layer goes through `{reader}`: the plugin puts these attributes "
+        f"back on transformers' classes, as what its `{edit.reader.__name__}` reads, where a release lacks them."
+    )
+
+
+def _module_import(name: str, dotted: str) -> str:
+    """``import`` of the module ``dotted`` under ``name``, from its package."""
+    package, _, module = dotted.rpartition(".")
+    return f"from {package} import {module}" + (f" as {name}" if name != module else "")
+
+
+def bound_anywhere(tree: ast.Module) -> set[str]:
+    """Every name ``tree`` binds, at any level (assigned, a parameter, defined, imported, caught): what is left of
+    the names it reads is what a module must import (a local name read elsewhere too is no import, which moved code
+    never needs)."""
+    bound = set(bindings([tree]))
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return bound
+
+
+def new_module(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
+    """``NewModule``: the replacement module's docstring and statements, as a module of their own."""
+    if target.text:
+        raise StagingError(f"{edit.file} exists (in the base, or made by an edit above)")
+    module = Source(inspect.getsource(edit.source))
+    source_bound = bindings(module.tree.body)
+    doc = ast.get_docstring(module.tree, clean=False) or ""
+    if edit.paragraphs is not None:
+        doc = "\n\n".join(doc.split("\n\n")[: edit.paragraphs]).rstrip()
+    lines = module.text.split("\n")
+    chosen = [
+        n
+        for n in module.tree.body
+        if not isinstance(n, ast.Import | ast.ImportFrom)
+        and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and n is module.tree.body[0])
+        and (not edit.names or set(module_names(ast.Module(body=[n], type_ignores=[]))) & set(edit.names))
+    ]
+    texts = []
+    for node in chosen:
+        first = (getattr(node, "decorator_list", None) or [node])[0].lineno
+        while first > 1 and lines[first - 2].startswith("#"):
+            first -= 1
+        texts.append("\n".join(lines[first - 1 : node.end_lineno]))
+    body = "\n\n\n".join(texts)
+    moved = f'"""{doc}"""\n\n{body}\n'
+    for old, new in edit.replace:
+        if old not in moved:
+            raise StagingError(f"{old!r} is not in what {edit.source.__name__} moves into {edit.file}")
+        moved = moved.replace(old, new)
+    tree = ast.parse(moved)
+    local = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    if any(p.startswith("verl_qwen3vl_plugin") for p in bindings(local).values()):
+        raise StagingError(f"what {edit.source.__name__} moves imports the plugin in a function")
+    defined = set(module_names(tree))
+    imports, constants = set(), []
+    for name in sorted(free_names(tree) - bound_anywhere(tree) - set(dir(builtins))):
+        path = source_bound.get(name)
+        if path is None:
+            raise StagingError(f"{edit.file} reads {name}, which {edit.source.__name__} defines and the edit leaves")
+        if not path.startswith("verl_qwen3vl_plugin."):
+            imports.add(import_line(name, path))
+            continue
+        owner, _, attr = path.rpartition(".")
+        if path in placed:  # a plugin module a NewModule above made
+            imports.add(_module_import(name, dotted_module(placed[path][0])))
+        elif owner in placed:
+            imports.add(
+                f"from {dotted_module(placed[owner][0])} import {attr}" + (f" as {name}" if name != attr else "")
+            )
+        else:
+            plugin = Source(inspect.getsource(importlib.import_module(owner)))
+            node = module_names(plugin.tree).get(attr)
+            if not isinstance(node, ast.Assign | ast.AnnAssign):
+                raise StagingError(f"{edit.file} reads {name} from {owner}, which no edit above makes a module")
+            constants.append(ast.get_source_segment(plugin.text, node))
+    if source_bound.get("annotations") == "__future__.annotations":
+        imports.add("from __future__ import annotations")
+    target.replace([(0, 0, moved)])
+    docstring = target.tree.body[0]
+    at = target.offset(docstring.end_lineno, docstring.end_col_offset)
+    block = "\n\n" + "\n".join(sorted(imports)) + "\n\n" + "".join(f"\n{c}" for c in constants)
+    target.replace([(at, at, block)])
+    placed[edit.source.__name__] = (edit.file, edit.file)
+    placed.update({n: (edit.file, n) for n in defined if n not in placed})
+    taken = f"its statements binding {', '.join(f'`{n}`' for n in edit.names)}" if edit.names else "all its statements"
+    described = (
+        f"A new module made of the plugin's `{edit.source.__name__}` (`inspect.getsource`): its docstring and "
+        f"{taken}, verbatim, the plugin's modules it imports made the new modules above."
+    )
+    if constants:
+        described += f" The plugin's constants it reads moved in: {', '.join(f'`{c.split()[0]}`' for c in constants)}."
+    if edit.replace:
+        pairs = "; ".join(f"`{old}` -> `{new}`" for old, new in edit.replace)
+        described += f" The plugin's wording replaced in the moved text: {pairs}."
+    return described
+
+
+def call_after(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
+    """``CallAfter``: the plugin's install call, where upstream patches the model's classes."""
+    if edit.function not in placed:
+        raise StagingError(f"no edit above moves {edit.function}")
+    hook, _ = function_tree(edit.source)
+    if not any(
+        ast.unparse(c.func).rpartition(".")[2] == edit.function for c in ast.walk(hook) if isinstance(c, ast.Call)
+    ):
+        raise StagingError(f"{edit.source.__qualname__} does not call {edit.function}")
+    found = [
+        n
+        for n in ast.walk(scope(target.tree, edit.scope))
+        if isinstance(n, ast.stmt) and ast.unparse(n).startswith(edit.after)
+    ]
+    if len(found) != 1:
+        raise StagingError(f"{edit.scope} has {len(found)} statements beginning {edit.after!r}")
+    indent = " " * found[0].col_offset
+    lines = [f"from {module} import {cls}" for module, _, cls in (c.rpartition(".") for c in edit.classes)]
+    lines.append(placed_import(edit.function, placed[edit.function]))
+    lines += [f"{edit.function}({c.rpartition('.')[2]})" for c in edit.classes]
+    at = target.offset(found[0].end_lineno, found[0].end_col_offset)
+    target.replace([(at, at, "\n" + "".join(f"\n{indent}{line}" for line in lines))])
+    calls = ", ".join(f"`{edit.function}({c.rpartition('.')[2]})`" for c in edit.classes)
+    return (
+        f"In `{edit.scope}`, after `{edit.after}`: {calls}, the call the plugin's `{edit.source.__qualname__}` makes "
+        "when transformers imports the class's module (checked on its source), made where verl patches that model."
+    )
+
+
 def _ordinal(position: int) -> str:
     return ("first", "second", "third", "fourth")[position]
 
@@ -677,6 +916,10 @@ EDITS = {
     "ReplaceFunction": move_functions,
     "Unguard": unguard,
     "ReplaceMethod": replace_method,
+    "WrapAttribute": wrap_attribute,
+    "ReadThrough": read_through,
+    "NewModule": new_module,
+    "CallAfter": call_after,
 }
 
 
@@ -685,15 +928,30 @@ def staged_files(staging, base: Path) -> tuple[dict[str, str], list[str]]:
     edited: dict[str, Source] = {}
     notes = []
     placed: dict[str, tuple[str, str]] = {}  # the plugin's name -> (the file an edit moved or wrote it into, its name)
+    # transformers' model files stand alone (one model, one file: its modular converter copies what they share), so
+    # there each file's edits see only the names placed in that file, and move their own copies.
+    alone = split_requirement(staging.base)[0] == "transformers"
+    placed_in: dict[str, dict[str, tuple[str, str]]] = {}
     for edit in staging.edits:
         if edit.file not in edited:
-            edited[edit.file] = Source((base / edit.file).read_text(encoding="utf-8"))
-        described = EDITS[type(edit).__name__](edit, edited[edit.file], placed)
+            exists = (base / edit.file).is_file()  # a NewModule's is not
+            edited[edit.file] = Source((base / edit.file).read_text(encoding="utf-8") if exists else "")
+        names = placed_in.setdefault(edit.file, {}) if alone else placed
+        described = EDITS[type(edit).__name__](edit, edited[edit.file], names)
         notes.append(f"`{edit.file}`: {described}" + (f" {edit.note}" if edit.note else ""))
     files = {}
     for path, source in edited.items():
+        if not (base / path).is_file():  # a new module; its folder, where the base has none, a package
+            files[path] = licensed(staging, ruff_fix(base, source.text, path))
+            package = Path(path).parent
+            while not (base / package).is_dir():
+                files.setdefault(str(package / "__init__.py"), licensed(staging, ""))
+                package = package.parent
+            continue
         pristine = (base / path).read_text(encoding="utf-8")
         files[path] = ruff_fix(base, source.text, path) if ruff_clean(base, pristine, path) else source.text
+        if b"\r\n" in (base / path).read_bytes():  # edited as text with LF line ends; stored as upstream stores it
+            files[path] = files[path].replace("\n", "\r\n")
     for test in staging.tests:
         text = (ROOT / test.source).read_text(encoding="utf-8")
         imported = bindings(ast.parse(text).body).values()
@@ -701,8 +959,37 @@ def staged_files(staging, base: Path) -> tuple[dict[str, str], list[str]]:
             raise StagingError(f"{test.source} imports the plugin or its tests")
         if (base / test.path).exists():
             raise StagingError(f"{test.path} exists in {staging.base}")
-        files[test.path] = ruff_fix(base, text, test.path)
+        pattern = CPU_TESTS[split_requirement(staging.base)[0]]
+        if not test.path.startswith("tests/") or not Path(test.path).match(pattern):
+            raise StagingError(f"{test.path} is no tests/**/{pattern}: upstream's CPU CI would not run it")
+        files[test.path] = licensed(staging, ruff_fix(base, text, test.path))
     return files, notes
+
+
+# verl's CI (tests/special_sanity/check_license.py) refuses a Python file without one of the copyright lines it lists;
+# "Individual Contributor:" is its form for a person, who puts their name in place of the project's before sending.
+VERL_LICENSE = """\
+# Copyright 2025 Individual Contributor: the verl-qwen3vl-plugin authors
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""
+
+
+def licensed(staging, text: str) -> str:
+    """A new file's text with verl's license header, where the base is verl's."""
+    if split_requirement(staging.base)[0] != "verl":
+        return text
+    return VERL_LICENSE + ("\n" + text if text else "")
 
 
 def git(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -724,9 +1011,12 @@ def diff(base: Path, files: dict[str, str]) -> str:
         git(["-c", "user.name=u", "-c", "user.email=u@u", "commit", "-q", "--allow-empty", "-m", "base"], repo)
         for path, text in files.items():
             (repo / path).parent.mkdir(parents=True, exist_ok=True)
-            (repo / path).write_text(text, encoding="utf-8")
+            store(repo / path, text)
         git(["add", "-A"], repo)
-        return git(["diff", "--cached", "--no-color", "--no-ext-diff", "--no-renames", "--full-index"], repo).stdout
+        # Bytes, decoded as they are: text mode would turn the CR of a CRLF file's lines into plain line ends.
+        command = ["git", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-renames", "--full-index"]
+        env = {**os.environ, **GIT_ENV}
+        return subprocess.run(command, cwd=repo, env=env, capture_output=True, check=True).stdout.decode()
 
 
 def diffstat(text: str) -> tuple[list[str], int, int]:
@@ -748,21 +1038,31 @@ def link(ref: str) -> str:
 
 
 def title(staging) -> str:
+    """verl's checked ``[{modules}] {type}: {description}``; transformers has no rule: the description alone."""
+    if split_requirement(staging.base)[0] == "transformers":
+        return staging.description
     return f"[{', '.join(staging.modules)}] {staging.type}: {staging.description}"
 
 
 def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_diff: str) -> str:
-    """PR.md: verl's pull-request template, filled from the spec's story and the staging."""
+    """PR.md: the base's project's pull-request template (verl's, or transformers'), filled from the spec's story and
+    the staging."""
     name, version = split_requirement(staging.base)
     changed, added, removed = diffstat(patch_diff)
     tests = [t.path for t in staging.tests]
     test_docs = "\n\n".join(
         f"`{t.path}`: {ast.get_docstring(ast.parse(files[t.path])) or ''}".strip() for t in staging.tests
     )
-    if staging.backport_of:
+    if staging.backport_of and name == "transformers":
         target = (
-            f"**Backport** for verl's {staging.backport_of} release branch (from tag `v{version}`): main is fixed "
-            f"already (see {', '.join(link(r) for r in staging.fixed_on_main_by)})."
+            f"**Backport** for transformers' `{staging.backport_of}` branch, its {version.rpartition('.')[0]}.x patch "
+            f"releases (the diff is against the v{version} sdist): main no longer needs it (see "
+            f"{', '.join(link(r) for r in staging.fixed_on_main_by)})."
+        )
+    elif staging.backport_of:
+        target = (
+            f"**Backport** for verl's `{staging.backport_of}` branch (the diff is against the v{version} sdist): main "
+            f"is fixed already (see {', '.join(link(r) for r in staging.fixed_on_main_by)})."
         )
     else:
         target = f"For main (the diff applies to verl {version}'s sdist, which stands for main)."
@@ -780,6 +1080,9 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
     # first paragraph.
     staging_doc = inspect.getdoc(importlib.import_module(f"verl_qwen3vl_plugin.patches.{patch.name}.staging")) or ""
     scope = "".join(f"{paragraph}\n\n" for paragraph in staging_doc.split("\n\n")[1:])
+    if name == "transformers":
+        parts = dict(target=target, tests=tests, test_docs=test_docs, benchmark=benchmark, scope=scope, notes=notes)
+        return transformers_pull_request(patch, staging, patch_diff, **parts)
     return f"""\
 # {title(staging)}
 
@@ -797,7 +1100,7 @@ Base: {staging.base}
 
 ### Checklist Before Starting
 
-- [x] Search for similar PRs: {", ".join(link(r) for r in patch.upstream)}
+- [x] Search for similar PRs: {", ".join(link(r) for r in patch.upstream)}{"".join(f"{chr(10)}  - {overlap_line(o)}" for o in staging.overlaps)}
 - [x] Format the PR title as `[{{modules}}] {{type}}: {{description}}` (This will be checked by the CI)
 
 ### Test
@@ -839,6 +1142,72 @@ The plugin's notes on the bug and the change:
 """  # noqa: E501
 
 
+def transformers_pull_request(
+    patch, staging, patch_diff: str, target: str, tests: list[str], test_docs: str, benchmark: str, scope: str,
+    notes: list[str],
+) -> str:  # fmt: skip
+    """PR.md in transformers' pull-request template (``.github/PULL_REQUEST_TEMPLATE.md``): its sections, with what
+    the verl one holds. Its code-agent box stays unticked: the description is generated, and transformers closes pull
+    requests whose description a person has not written, so the sender writes it in their own words. The spec's
+    "Upstream plan" paragraph (where the plugin means to send the fix) is left out: this is that plan carried out."""
+    changed, added, removed = diffstat(patch_diff)
+    files_list = "\n".join(f"- `{f}`" for f in changed)
+    details = "\n\n".join(p for p in patch.details.strip().split("\n\n") if not p.startswith("**Upstream plan.**"))
+    return f"""\
+# {title(staging)}
+
+{GENERATED}
+
+Base: {staging.base}
+
+# What does this PR do?
+
+{patch.why}
+
+{patch.how}
+
+{scope}{target}
+
+**Tests.** {test_docs}
+
+Pass with this change and fail without it, on the CPU:
+
+```bash
+pytest -q {" ".join(tests)}
+```{benchmark}
+
+**Changes.** {len(changed)} files, +{added} -{removed}:
+
+{files_list}
+
+How each change was generated from the code the verl-qwen3vl-plugin runs (its `{patch.name}` patch), not written
+twice:
+
+{chr(10).join(f"- {n}" for n in notes)}
+
+The plugin's notes on the bug and the change:
+
+{details}
+
+## Code Agent Policy
+
+- [ ] I confirm that this is not a pure code agent PR. <!-- Generated by scripts/upstream.py: the person who sends it
+  reviews the change and writes this description in their own words first. -->
+
+## Before submitting
+- [ ] This PR fixes a typo or improves the docs (you can dismiss the other checks if that's the case).
+- [ ] Did you read the [contributor guideline](https://huggingface.co/docs/transformers/contributing) and the
+      [Pull Request](https://huggingface.co/docs/transformers/pr_checks) checks?
+- [ ] Was this discussed/approved via a Github issue or the [forum](https://discuss.huggingface.co/)? Related: {", ".join(link(r) for r in patch.upstream)}.
+- [ ] Did you make sure to update the documentation with your changes? No documentation changes.
+- [x] Did you write any new necessary [tests](https://huggingface.co/docs/transformers/testing)? {", ".join(f"`{t}`" for t in tests)} (CPU).
+
+## Who can review?
+
+Multimodal models (the template's guide): @zucchini-nlp
+"""  # noqa: E501
+
+
 def performance_section(heading: str) -> str:
     """The body of the section of ``docs/performance.md`` headed ``heading``: up to the next heading of its level or
     above."""
@@ -866,10 +1235,15 @@ def proof_line(patch, staging, patch_diff: str, record: dict[str, dict]) -> str:
     return f"proven: applies, {row['staged_tests']} staged tests pass and fail on the base, {upstream}, ruff"
 
 
+def overlap_line(overlap) -> str:
+    return f"{link(overlap.pr)} ({overlap.state}): {overlap.advice}"
+
+
 def readme(rows: list[tuple[object, object, str]], record: dict[str, dict]) -> str:
     lines = "\n".join(
         f"{i}. [{title(staging)}]({patch.name}/PR.md): `{staging.base}`, "
         f"{len(diffstat(d)[0])} files, +{diffstat(d)[1]} -{diffstat(d)[2]}; {proof_line(patch, staging, d, record)}"
+        + "".join(f"\n   - {overlap_line(o)}" for o in staging.overlaps)
         for i, (patch, staging, d) in enumerate(rows, 1)
     )
     return f"""\
@@ -877,9 +1251,11 @@ def readme(rows: list[tuple[object, object, str]], record: dict[str, dict]) -> s
 
 {GENERATED}
 
-Each patch that is ready to go upstream, as a pull request to send: `<patch>/verl.diff` (`git apply` it to the base's
-source) and `<patch>/PR.md` (its description, in verl's template). In the order to send them: small independent
-fixes with CPU tests first, routing replay last.
+Each patch that is ready to go upstream, as a pull request to send: `<patch>/verl.diff` or
+`<patch>/transformers.diff` (`git apply` it to the base's source) and `<patch>/PR.md` (its description, in that
+project's template). In the order to send them: small independent fixes with CPU tests first, routing replay last.
+Where an upstream pull request for the same bug is open, the entry says whether to review that one first, and what
+this one adds.
 
 {lines}
 
@@ -931,7 +1307,7 @@ def index() -> dict[Path, str]:
     rows = []
     for patch, staging in stagings():
         for path in sorted((OUT / patch.name).glob("*")):
-            files[path] = path.read_text(encoding="utf-8")
+            files[path] = read(path)
         patch_diff = files.get(OUT / patch.name / f"{split_requirement(staging.base)[0]}.diff", "")
         rows.append((patch, staging, patch_diff))
     record = recorded({patch.name for patch, *_ in rows})
@@ -943,7 +1319,7 @@ def index() -> dict[Path, str]:
 def stale(files: dict[Path, str], prune: bool = True) -> list[Path]:
     """Committed files that differ from ``files``, and (``prune``) files under ``upstream/`` that generation no longer
     writes."""
-    differ = [p for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
+    differ = [p for p, t in files.items() if not p.is_file() or read(p) != t]
     extra = [p for p in OUT.rglob("*") if p.is_file() and p not in files] if OUT.is_dir() and prune else []
     return sorted(differ + extra)
 
@@ -952,7 +1328,7 @@ def write(files: dict[Path, str], prune: bool = True) -> None:
     for path in stale(files, prune):
         if path in files:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(files[path], encoding="utf-8")
+            store(path, files[path])
         else:
             path.unlink()
     for folder in sorted(OUT.iterdir()) if OUT.is_dir() else []:
@@ -963,17 +1339,24 @@ def write(files: dict[Path, str], prune: bool = True) -> None:
 # --- the proof ------------------------------------------------------------------------------------------------------
 
 
-def stack(staging) -> list[str]:
-    """The pip requirements of the proof's noxfile stack (torch first): the one ``staging.stack`` names, else the
-    first that pins the base. Read without importing nox: its module-level constants, evaluated."""
+def noxfile_stacks() -> dict:
+    """noxfile.py's stack constants (``TORCH``, ``STACKS``, ``FORWARD_STACKS``, ...), read without importing nox:
+    its module-level assignments of them, evaluated."""
     tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
     names = {"TORCH", "VERL_EXTRAS", "STACKS", "FORWARD_STACKS", "FORWARD_BASE"}
     constants: dict = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and {ast.unparse(t) for t in node.targets} <= names:
             exec(compile(ast.Module(body=[node], type_ignores=[]), "noxfile.py", "exec"), constants)  # noqa: S102
+    return constants
+
+
+def stack(staging) -> list[str]:
+    """The pip requirements of the proof's noxfile stack (torch first): the one ``staging.stack`` names, else the
+    first that pins the base. A forward stack's moved requirement comes last."""
+    constants = noxfile_stacks()
     stacks = dict(constants["STACKS"])
-    # A forward stack is its base stack with one requirement moved: pip takes the later of two pins of a package.
+    # A forward stack is its base stack with one requirement moved (``venv`` installs it over the rest).
     for name, moved in constants["FORWARD_STACKS"].items():
         package = moved.partition("==")[0]
         stacks[name] = [*(r for r in stacks[constants["FORWARD_BASE"]] if not r.startswith(package)), moved]
@@ -1000,9 +1383,12 @@ def venv(staging) -> Path:
     if not ready.is_file():
         shutil.rmtree(path, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        subprocess.run(
-            [python, "-m", "pip", "install", "-q", *stack(staging), "pytest", "setuptools", "wheel"], check=True
-        )
+        requirements = stack(staging)
+        # A forward stack's moved pin is past what the base declares: pip, given both at once, finds them in
+        # conflict, so it goes over the installed rest in a second run, as noxfile's forward session installs it.
+        forward = staging.stack in noxfile_stacks()["FORWARD_STACKS"]
+        for step in [requirements[:-1], requirements[-1:]] if forward else [requirements]:
+            subprocess.run([python, "-m", "pip", "install", "-q", *step, "pytest", "setuptools", "wheel"], check=True)
         ready.write_text(venv_key(staging))
     return python
 
@@ -1065,11 +1451,12 @@ def apply(tree: Path, patch_file: Path, check: bool = False) -> bool:
 
 
 def module_file(base: Path, dotted: str) -> Path | None:
-    """The base's file of the module ``dotted`` (a package's ``__init__.py``), or None where it is no module."""
-    path = base.joinpath(*dotted.split("."))
-    for candidate in (path / "__init__.py", path.with_suffix(".py")):
-        if candidate.is_file():
-            return candidate
+    """The base's file of the module ``dotted`` (a package's ``__init__.py``; at the top or under ``src/``), or None
+    where it is no module."""
+    for path in (base.joinpath(*dotted.split(".")), base.joinpath("src", *dotted.split("."))):
+        for candidate in (path / "__init__.py", path.with_suffix(".py")):
+            if candidate.is_file():
+                return candidate
     return None
 
 
@@ -1081,6 +1468,7 @@ def imports_in(base: Path, path: Path) -> set[str]:
     except SyntaxError:
         return set()
     package = list(path.relative_to(base).parent.parts)
+    package = package[1:] if package[:1] == ["src"] else package  # transformers' layout
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -1092,17 +1480,23 @@ def imports_in(base: Path, path: Path) -> set[str]:
     return found
 
 
-def upstream_tests(base: Path, touched: list[str]) -> list[str]:
-    """The base's own CPU tests (``*_on_cpu.py`` in its sdist) that import a touched module, or a module of the base
+# The test files each upstream's CPU CI runs, by name: verl's CPU job runs ``*_on_cpu.py`` alone, transformers' runs
+# every test file of a touched model's folder (``tests/models/<model>/``) on the CPU.
+CPU_TESTS = {"verl": "test_*_on_cpu.py", "transformers": "test_*.py"}
+
+
+def upstream_tests(base: Path, touched: list[str], package: str) -> list[str]:
+    """The base's own CPU tests (``CPU_TESTS`` in its sdist) that import a touched module, or a module of the base
     that imports one (a package re-exporting it, a module built on it): one step, not the whole import graph, which
-    from ``verl``'s ``__init__`` reaches most of verl."""
-    modules = {p[:-3].replace("/", ".") for p in touched if p.endswith(".py") and not p.startswith("tests/")}
+    from ``verl``'s ``__init__`` reaches most of verl. (transformers' sdist ships only its common test mixins, no
+    model's tests: none import a model.)"""
+    modules = {dotted_module(p) for p in touched if p.endswith(".py") and not p.startswith("tests/")}
 
     def names_touched(imported: set[str]) -> bool:
         return any(i == m or i.startswith(m + ".") for i in imported for m in modules)
 
     found = []
-    for path in sorted((base / "tests").rglob("test_*_on_cpu.py")):
+    for path in sorted((base / "tests").rglob(CPU_TESTS[package])):
         if str(path.relative_to(base)) in touched:  # a staged test
             continue
         imported = imports_in(base, path)
@@ -1121,7 +1515,7 @@ def prove(only: list[str] | None = None) -> list[dict]:
         started = time.monotonic()
         name = split_requirement(staging.base)[0]
         patch_file = OUT / patch.name / f"{name}.diff"
-        patch_diff = patch_file.read_text(encoding="utf-8")
+        patch_diff = read(patch_file)
         changed, added, removed = diffstat(patch_diff)
         row = {"patch": patch.name, "base": staging.base, "files": len(changed), "added": added, "removed": removed}
         row["digest"] = digest(staging, patch_diff)
@@ -1139,7 +1533,7 @@ def prove(only: list[str] | None = None) -> list[dict]:
             shutil.copytree(tree / "tests", scratch / "run" / "tests")
             # The base's own pytest settings; and pytest finds no configuration of this checkout's above it.
             shutil.copyfile(tree / "pyproject.toml", scratch / "run" / "pyproject.toml")
-            runs.append((row, staging, tree, scratch / "run" / "tests", upstream_tests(tree, changed)))
+            runs.append((row, staging, tree, scratch / "run" / "tests", upstream_tests(tree, changed, name)))
         row["seconds"] = round(time.monotonic() - started)
     for key in sorted({venv_key(staging) for _, staging, *_ in runs}):
         with venv_lock(key):
@@ -1203,13 +1597,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(" | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)) for line in [head, *body])
 
 
-def applied_to(git_dir: Path, only: list[str] | None) -> list[dict]:
+def applied_to(package: str, git_dir: Path, only: list[str] | None) -> list[dict]:
     """Each committed diff against the branch of a git repository of its upstream it is meant for (an sdist stands in
     for main, so main may have moved on): ``git apply --check`` on that branch's tree, exported."""
     rows = []
     for patch, staging in stagings(only):
         name, version = split_requirement(staging.base)
-        branch = f"release/v{version}" if staging.backport_of else "main"
+        if name != package:
+            continue
+        branch = staging.backport_of or "main"
         row = {"patch": patch.name, "base": staging.base, "branch": branch}
         ref = subprocess.run(
             ["git", "--git-dir", str(git_dir), "rev-parse", "--verify", "-q", f"{branch}^{{commit}}"],
@@ -1240,10 +1636,9 @@ def main() -> int:
     mode.add_argument("--index", action="store_true", help="only drop retired patches and rewrite README.md (offline)")
     mode.add_argument(
         "--apply-to",
-        metavar="GIT_DIR",
-        type=Path,
-        help="check that each committed diff applies to the upstream's git repository: main for a fix main needs, "
-        "release/v<version> for a backport (offline)",
+        metavar="PACKAGE=GIT_DIR",
+        help="check that each committed diff against PACKAGE (verl, transformers) applies to a git repository of it: "
+        "to main for a fix main needs, to the release branch for a backport (offline)",
     )
     parser.add_argument("--patch", action="append", metavar="NAME", help="only this patch's (repeatable)")
     parser.add_argument(
@@ -1258,7 +1653,8 @@ def main() -> int:
         write(index())
         return 0
     if args.apply_to:
-        rows = applied_to(args.apply_to, args.patch)
+        package, _, git_dir = args.apply_to.partition("=")
+        rows = applied_to(package, Path(git_dir), args.patch)
         print(json.dumps(rows))
         return 0
     try:
@@ -1284,7 +1680,7 @@ def main() -> int:
     names = [patch.name for patch, _ in staged]
     if args.unproven:
         record = recorded(set(names))
-        diffs = {p.name: (OUT / p.name / f"{split_requirement(s.base)[0]}.diff").read_text("utf-8") for p, s in staged}
+        diffs = {p.name: read(OUT / p.name / f"{split_requirement(s.base)[0]}.diff") for p, s in staged}
         names = [
             p.name
             for p, s in staged

@@ -48,10 +48,11 @@ class PassKeyword:
 class MoveFunctions:
     """The module-level functions ``names`` of the replacement module ``source``, moved into ``file`` before its
     function or class ``before``, with their imports made the file's (function-local imports of the upstream project
-    hoisted to its import block). A module-level name of ``source`` they read comes with them: from the file where an
-    earlier edit of the staging moved it (imported), else, if the file does not bind it, its assignment moved too
-    (with the comment above it). ``replace``: (old, new) texts replaced in what is moved, each at least once (the
-    plugin's own wording, such as its name in log messages), listed in ``PR.md``."""
+    hoisted to its import block, those the file makes already dropped). A module-level name of ``source`` they read
+    comes with them: from the file where an earlier edit of the staging moved it (imported), else, if the file does
+    not bind it, its assignment moved too (with the comment above it); one they import from another of the plugin's
+    modules, only from where an earlier edit moved it. ``replace``: (old, new) texts replaced in what is moved, each at
+    least once (the plugin's own wording, such as its name in log messages), listed in ``PR.md``."""
 
     file: str
     source: ModuleType
@@ -64,7 +65,10 @@ class MoveFunctions:
 @dataclass(frozen=True)
 class ReplaceFunction:
     """As ``MoveFunctions``, in place of the file's module-level function ``replaces`` (one of ``names``): the
-    plugin's function of that name, which replaces upstream's at runtime, with the helpers it calls."""
+    plugin's function of that name, which replaces upstream's at runtime, with the helpers it calls. ``by``: the one
+    of ``names`` that takes its place where the plugin's function has a name of its own (the plugin sets the module's
+    attribute, whatever its function is called): moved under upstream's name, and imported by that name where a later
+    edit's moved code reads it."""
 
     file: str
     source: ModuleType
@@ -72,6 +76,7 @@ class ReplaceFunction:
     replaces: str
     replace: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,117 @@ class Constant:
     note: str = ""
 
 
-Edit = ChangeArgument | PassKeyword | MoveFunctions | ReplaceFunction | Decorate | Constant
+@dataclass(frozen=True)
+class Unguard:
+    """In ``scope``, the ``if`` statement whose test is ``test`` (its source text; it has no ``else``) replaced by its
+    body, dedented: the plugin's ``source`` calls ``call`` under no condition (checked on its source), where upstream
+    calls it only under that guard. For a fix that is upstream's own statement run in every case, which the plugin
+    runs as part of a whole replaced function."""
+
+    file: str
+    scope: str
+    test: str
+    source: Callable
+    call: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ReplaceMethod:
+    """The method ``method`` (``Class.name``) of ``file`` replaced by the replacement module's function
+    ``function``, which the plugin sets on that class at runtime: renamed to the method's name, indented into the
+    class, its ``self`` without annotation. The module-level names it reads must be the file's already, or moved
+    there by an earlier edit (``MoveFunctions``); its imports are made the file's. ``replace``: as
+    ``MoveFunctions``'."""
+
+    file: str
+    source: ModuleType
+    function: str
+    method: str
+    replace: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WrapAttribute:
+    """In ``scope``, right after its statement ``after`` (the statement's source text), ``owner.attribute =
+    wrapper(owner.attribute)`` for each of ``owners`` (names bound there): the wrapper the plugin applies at import
+    (``originals.wrap``) applied where upstream patches those classes. ``wrapper``: the plugin's name of a function an
+    earlier edit moved into ``file``."""
+
+    file: str
+    scope: str
+    after: str
+    owners: tuple[str, ...]
+    attribute: str
+    wrapper: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NewModule:
+    """A module upstream lacks, ``file``, made of the replacement module ``source``: its docstring (its first
+    ``paragraphs``, where given), and its module-level statements (those binding ``names``, where given), each with
+    the comment lines above it, in their order, with the imports they read. For replacement code that is a module of
+    its own, moved whole rather than spread over upstream's files. The plugin's modules it imports are the new modules
+    earlier ``NewModule`` edits made of them (a module import stays a module import); a plugin constant it imports
+    from a module none made is moved in. A new package gets an empty ``__init__.py``. ``replace``: as
+    ``MoveFunctions``', over the docstring and statements moved."""
+
+    file: str
+    source: ModuleType
+    names: tuple[str, ...] = ()
+    paragraphs: int | None = None
+    replace: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CallAfter:
+    """In ``scope`` of ``file``, right after its statement that begins with ``after``, ``function`` (a function an
+    earlier edit moved) called on each of ``classes`` (``module.Class``), both imported there as verl's branches of
+    ``apply_monkey_patch`` import what they patch: the call the plugin's ``source`` (the hook it runs when
+    transformers imports ``module``) makes, checked on its source. For code the plugin installs on a class when its
+    module is imported, which upstream installs where it patches that model."""
+
+    file: str
+    scope: str
+    after: str
+    function: str
+    classes: tuple[str, ...]
+    source: Callable
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ReadThrough:
+    """In each of ``scopes`` (functions of ``file`` whose first parameter is the object read), each read of an
+    attribute of ``attributes`` on that parameter, ``self.name``, becomes ``reader(self, "name")``: for attributes
+    the plugin puts back on upstream's classes at runtime (``originals.add``) as what ``reader`` computes, read
+    through ``reader`` where they are used instead. ``reader`` is a replacement function an earlier edit of the
+    staging moved into ``file``; every attribute is read at least once, every scope reads one."""
+
+    file: str
+    scopes: tuple[str, ...]
+    attributes: tuple[str, ...]
+    reader: Callable
+    note: str = ""
+
+
+Edit = (
+    ChangeArgument
+    | PassKeyword
+    | MoveFunctions
+    | ReplaceFunction
+    | Decorate
+    | Constant
+    | Unguard
+    | ReplaceMethod
+    | WrapAttribute
+    | NewModule
+    | CallAfter
+    | ReadThrough
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +224,17 @@ class StagedTest:
 
     path: str
     source: str
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """An upstream pull request for the same bug, read before sending this one: ``pr`` (``verl#7323``), its ``state``
+    when read (``open``, ``merged``, ``stale``: open with conflicts) and ``advice``: whether to review it instead, and
+    what this one adds."""
+
+    pr: str
+    state: str
+    advice: str
 
 
 @dataclass(frozen=True)
@@ -123,10 +249,12 @@ class Benchmark:
 @dataclass(frozen=True)
 class Staging:
     """One pull request: its base (a pip requirement, the sdist its diff is against), the title's parts (verl's
-    ``[{modules}] {type}: {description}``), the edits and tests, ``backport_of`` (the release line, e.g. ``0.7.x``, when
-    the fix is already on main), ``order`` (where it goes in the sending order: lower first) and ``stack`` (the
+    ``[{modules}] {type}: {description}``; transformers has no rule: the description alone, ``modules`` and ``type``
+    empty), the edits and tests, ``backport_of`` (the release branch, ``release/v0.7.1`` or ``v4.57-release``, when
+    main is fixed already), ``order`` (where it goes in the sending order: lower first), ``stack`` (the
     ``noxfile.py`` stack the proof's venv is built from, where the first one pinning the base is not it: a fix for a
-    transformers past verl's pin proves on a forward stack) and ``benchmark`` (for a speed-up, the figures it cites)."""
+    transformers past verl's pin proves on a forward stack), ``benchmark`` (for a speed-up, the figures it cites) and
+    ``overlaps`` (upstream pull requests for the same bug: the README says which to review first)."""
 
     base: str
     modules: tuple[str, ...]
@@ -139,3 +267,4 @@ class Staging:
     fixed_on_main_by: tuple[str, ...] = ()
     stack: str | None = None
     benchmark: Benchmark | None = None
+    overlaps: tuple[Overlap, ...] = ()

@@ -146,6 +146,18 @@ def qwen3_5_gated_delta_net_forward(self, hidden_states):
 """
 
 
+# verl's module as this patch's pull request leaves it: every attribute read through the replacement's reader.
+STAGED = """
+def qwen3_5_base_forward(self, input_ids):
+    return input_ids
+
+def qwen3_5_decoder_layer_forward(self, hidden_states):
+    if layer_attribute(self, "layer_type") == "linear_attention":
+        return hidden_states
+
+def qwen3_5_gated_delta_net_forward(self, hidden_states):
+    return layer_attribute(self, "causal_conv1d_fn")(hidden_states)
+"""
 VERL_SHAPES = {
     "verl 0.8: a model forward, no layer forwards": (
         "def qwen3_5_base_forward(self, input_ids):\n    return input_ids\n",
@@ -153,6 +165,16 @@ VERL_SHAPES = {
         "verl0.8-no-layer-forwards",
     ),
     "verl#7471: names looked up": (verl_source(), Verdict.FIXED_UPSTREAM, "verl-resolves-layer-names"),
+    "this patch's pull request: read through layer_attribute": (
+        STAGED,
+        Verdict.FIXED_UPSTREAM,
+        "verl-resolves-layer-names",
+    ),
+    "near miss: the old layer type looked up by getattr": (
+        STAGED.replace('layer_attribute(self, "layer_type")', 'getattr(self, "layer_type")'),
+        Verdict.UNRECOGNIZED,
+        None,
+    ),
     "near miss: the layer type under a third name": (
         verl_source(block_type="kind"),
         Verdict.UNRECOGNIZED,

@@ -133,7 +133,9 @@ def test_fla_kernel_is_given_the_boundaries(monkeypatch):
     hidden = torch.randn(1, 12, 32, generator=torch.Generator().manual_seed(4))
     reference = packed.packed_delta_net(layer, hidden, torch.tensor([0, 2, 10]))
     layer.chunk_gated_delta_rule = fla_rule
-    assert torch.allclose(packed.packed_delta_net(layer, hidden, torch.tensor([0, 2, 10])), reference, atol=1e-6)
+    assert packed.uses_fla(layer)  # the verl 0.8 forward hands packed_delta_net packed.fla_rule(layer) then
+    found = packed.packed_delta_net(layer, hidden, torch.tensor([0, 2, 10]), rule=packed.fla_rule(layer))
+    assert torch.allclose(found, reference, atol=1e-6)
     assert seen["cu_seqlens"] == [0, 2, 10, 12]
 
 

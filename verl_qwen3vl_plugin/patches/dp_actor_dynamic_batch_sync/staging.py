@@ -2,7 +2,7 @@
 
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync import replacement
 from verl_qwen3vl_plugin.patches.dp_actor_dynamic_batch_sync.spec import CALLERS, FUNCTION
-from verl_qwen3vl_plugin.staging import PassKeyword, StagedTest, Staging
+from verl_qwen3vl_plugin.staging import Overlap, PassKeyword, StagedTest, Staging
 from verl_qwen3vl_plugin.upstream import DP_ACTOR, DP_CRITIC
 
 
@@ -37,6 +37,17 @@ STAGING = Staging(
         ),
     ),
     order=20,
-    backport_of="0.7.x",
+    backport_of="release/v0.7.1",
     fixed_on_main_by=("verl#5591",),
+    overlaps=(
+        Overlap(
+            pr="verl#5921",
+            state="merged on release/v0.7.1, in no PyPI release",
+            advice=(
+                "the same fix for dp_actor alone (checked on the branch as of 2026-07-15): dp_critic still splits by "
+                "its own count there. Against that branch this PR's dp_actor hunks do not apply; send its dp_critic "
+                "half, with the test."
+            ),
+        ),
+    ),
 )

@@ -2,7 +2,7 @@
 
 from verl_qwen3vl_plugin.patches.freeze_vision_tower import replacement
 from verl_qwen3vl_plugin.patches.freeze_vision_tower.spec import TOWERS, WRAP_POLICY
-from verl_qwen3vl_plugin.staging import Constant, Decorate, MoveFunctions, StagedTest, Staging
+from verl_qwen3vl_plugin.staging import Constant, Decorate, MoveFunctions, Overlap, StagedTest, Staging
 
 CONFIG = "verl/workers/config/actor.py"
 UTILS = "verl/utils/fsdp_utils.py"
@@ -68,4 +68,17 @@ STAGING = Staging(
         ),
     ),
     order=40,
+    overlaps=(
+        Overlap(
+            pr="verl#6320",
+            state="open",
+            advice=(
+                "review it first: its freeze_module_pattern (a name regex, on every engine) is the general mechanism. "
+                "Ask there for the frozen tower's own FSDP1 wrap unit (FSDP1 without use_orig_params refuses a unit "
+                "mixing frozen and trainable parameters, which a pattern on the tower leaves) and for "
+                "actor.freeze_vision_tower to map onto it; send this one, which honours the declared setting on the "
+                "FSDP engine with a two-rank engine test, if it stalls."
+            ),
+        ),
+    ),
 )

@@ -2,7 +2,7 @@
 
 from verl_qwen3vl_plugin.patches.fused_kernels_sp_labels import replacement
 from verl_qwen3vl_plugin.patches.fused_kernels_sp_labels.spec import FORWARDS
-from verl_qwen3vl_plugin.staging import Decorate, MoveFunctions, StagedTest, Staging
+from verl_qwen3vl_plugin.staging import Decorate, MoveFunctions, Overlap, StagedTest, Staging
 
 FILE = "verl/models/transformers/qwen3_vl.py"
 
@@ -26,6 +26,17 @@ STAGING = Staging(
         ),
     ),
     order=30,
-    backport_of="0.7.x",
+    backport_of="release/v0.7.1",
     fixed_on_main_by=("verl#6268",),
+    overlaps=(
+        Overlap(
+            pr="verl#5227",
+            state="stale",
+            advice=(
+                "superseded on main by verl#6268; its dense_common change would slice text-only models' labels twice "
+                "(the legacy actor has sliced their input_ids already). Suggest closing it; this backport is the "
+                "Qwen3-VL part for the 0.7 release branch, which lacks verl#6268."
+            ),
+        ),
+    ),
 )

@@ -49,6 +49,6 @@ STAGING = Staging(
         ),
     ),
     order=50,
-    backport_of="0.8.x",
+    backport_of="release/v0.8.0",
     fixed_on_main_by=("verl#6896",),
 )

@@ -12,22 +12,24 @@ import torch
 from torch import nn
 
 
-def grouped_eval_forward(verl_forward: Callable, gmm: type[torch.autograd.Function]) -> Callable:
-    """``NPUQwen3VLMoeTextExperts.forward`` whose eval runs the experts' own grouped path, not a dense ``bmm``.
+def grouped_eval_forward(experts_forward: Callable, gmm: type[torch.autograd.Function]) -> Callable:
+    """``NPUQwen3VLMoeTextExperts.forward`` (``experts_forward``) whose eval runs the experts' own grouped path, not a
+    dense ``bmm``.
 
-    verl's eval branch repeats every token for every expert (E / top_k times the FLOPs, E copies of the tokens) in
-    each log-prob pass. Here eval permutes the tokens by expert, runs verl's grouped matmul (``gmm``, verl's
-    ``NPUGmmFunction``) on each projection and unpermutes with the top-k weights, as training does; so eval and
-    training give the same bits. Training is verl's own forward. ``routing_weights`` is the dense (tokens, experts)
-    matrix the block scatters in eval on every verl.
+    The dense eval branch repeats every token for every expert (E / top_k times the FLOPs, E copies of the tokens) in
+    each log-prob pass. Here eval permutes the tokens by expert, runs the grouped matmul ``gmm`` (``NPUGmmFunction``)
+    on each projection and unpermutes with the top-k weights, as training does; so eval and training give the same
+    bits. Training is ``experts_forward`` itself.
+
+    ``routing_weights``: the dense (tokens, experts) matrix the block scatters in eval on every verl.
     """
 
-    @functools.wraps(verl_forward)
+    @functools.wraps(experts_forward)
     def forward(
         self: nn.Module, hidden_states: torch.Tensor, routing_weights: torch.Tensor, router_indices: torch.Tensor
     ) -> torch.Tensor:
         if self.training:
-            return verl_forward(self, hidden_states, routing_weights, router_indices)
+            return experts_forward(self, hidden_states, routing_weights, router_indices)
         import torch_npu
 
         batch_size = hidden_states.shape[0]

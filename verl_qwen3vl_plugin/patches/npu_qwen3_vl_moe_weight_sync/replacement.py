@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-NPU_PATCH = "verl.models.transformers.npu_patch"
-MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
-BLOCK = "NPUQwen3VLMoeTextSparseMoeBlock"
+NPU_PATCH_MODULE = "verl.models.transformers.npu_patch"
+QWEN3_VL_MOE_MODELING = "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe"
+NPU_QWEN3_VL_MOE_BLOCK = "NPUQwen3VLMoeTextSparseMoeBlock"
 
 
 def experts_to_transformers5_layout(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -34,8 +34,9 @@ def experts_to_transformers5_layout(weights: Iterable[tuple[str, torch.Tensor]])
 
 def npu_block_in_use() -> bool:
     """Whether transformers' Qwen3-VL-MoE module builds verl's NPU block (what verl's npu_patch swaps in)."""
-    block = getattr(sys.modules.get(NPU_PATCH), BLOCK, None)
-    return block is not None and getattr(sys.modules.get(MODELING), "Qwen3VLMoeTextSparseMoeBlock", None) is block
+    block = getattr(sys.modules.get(NPU_PATCH_MODULE), NPU_QWEN3_VL_MOE_BLOCK, None)
+    modeling = sys.modules.get(QWEN3_VL_MOE_MODELING)
+    return block is not None and getattr(modeling, "Qwen3VLMoeTextSparseMoeBlock", None) is block
 
 
 def layout_aware(unfuse: Callable) -> Callable:

@@ -30,6 +30,6 @@ STAGING = Staging(
         ),
     ),
     order=10,
-    backport_of="0.7.x",
+    backport_of="release/v0.7.1",
     fixed_on_main_by=("verl#5004",),
 )

@@ -1,20 +1,22 @@
 """Targets of ``qwen3_5_layer_attributes``: transformers' ``modeling_qwen3_5`` and ``modeling_qwen3_5_moe``. verl's
 Qwen3.5 layer forwards read their attributes on ``self``, so the classes get the old names back, read-only, and
-verl's forwards run as written: ``layer_type`` on ``<Family>DecoderLayer``, each kernel of ``KERNELS`` on
+verl's forwards run as written: ``layer_type`` on ``<Family>DecoderLayer``, each kernel of ``DELTA_NET_KERNELS`` on
 ``<Family>GatedDeltaNet``.
 
-The probe first collects the attributes of ``RENAMED`` and ``KERNELS`` that the functions of verl's ``qwen3_5`` module
-read on ``self``.
+The probe first collects the attributes of ``RENAMED_LAYER_ATTRIBUTES`` and ``DELTA_NET_KERNELS`` (the
+replacement's) that the functions of verl's ``qwen3_5`` module read on ``self``.
 
 - ``BLOCK_TYPE``: verl reads ``self.layer_type``, and the decoder layer's ``__init__`` sets ``self.block_type`` and
   no ``self.layer_type``. Every kernel attribute verl reads is set.
 - ``MODULE_KERNELS``: verl reads a kernel attribute that the delta-net's ``__init__`` does not set, and the module
-  defines the matching function of ``KERNELS`` decorated ``@use_kernel_func_from_hub_with_fallback(...)`` (with the
-  rename or without it).
+  defines the matching function of ``DELTA_NET_KERNELS`` decorated ``@use_kernel_func_from_hub_with_fallback(...)``
+  (with the rename or without it).
 - ``LAYERS_SET_WHAT_VERL_READS``: the ``__init__`` methods set every one of these attributes that verl reads.
 - ``RESOLVES_LAYER_NAMES``: verl reads none of them, and its layer forwards (functions named with ``decoder_layer``
-  or ``gated_delta_net``) look ``block_type`` and a kernel up by string, as in ``getattr(self, "block_type", None)``
-  or ``_delta_net_kernel(self, "causal_conv1d_fn")``.
+  or ``gated_delta_net``) look the layer type (``block_type`` or ``layer_type``) and a kernel up by string, as in
+  ``getattr(self, "block_type", None)`` and ``_delta_net_kernel(self, "causal_conv1d_fn")`` (verl#7471), or, for the
+  layer type, only through the replacement's reader, ``layer_attribute(self, "layer_type")`` (this patch's pull
+  request).
 - ``NO_LAYER_FORWARDS``: verl reads none of them, and its module has ``qwen3_5_base_forward`` and no layer forward.
 - ``NO_VERL_QWEN3_5``: verl has no ``qwen3_5`` module.
 """
@@ -27,19 +29,18 @@ from types import ModuleType
 from verl_qwen3vl_plugin import environment, originals, syntax
 from verl_qwen3vl_plugin.families import QWEN3_5, QWEN3_5_MOE, Family
 from verl_qwen3vl_plugin.family_shapes import absent_family, absent_in_verl, shipped, verl_forward_tree
+from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.replacement import (
+    DELTA_NET_KERNELS,
+    RENAMED_LAYER_ATTRIBUTES,
+    layer_attribute,
+)
 from verl_qwen3vl_plugin.registry import MODEL, Decision, Patch, Shape, Target, Verdict, unrecognized
 
-NEW_TYPE = "block_type"
-RENAMED = {"layer_type": NEW_TYPE}  # on the decoder layer: the name verl reads -> transformers' new name
-KERNELS = {  # on the gated delta-net: the attribute verl reads -> transformers' module-level function
-    "causal_conv1d_fn": "causal_conv1d_fn",
-    "causal_conv1d_update": "causal_conv1d_update",
-    "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
-    "recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
-}
+NEW_TYPE = RENAMED_LAYER_ATTRIBUTES["layer_type"]  # transformers >= 5.13's name of the layer type
 DISPATCHER = "use_kernel_func_from_hub_with_fallback"
 MODEL_FORWARD = "qwen3_5_base_forward"  # verl's Qwen3.5 model forward, whatever its layers run
 LAYER_WORDS = ("decoder_layer", "gated_delta_net")  # in the names of verl's own layer forwards
+READER = layer_attribute.__name__  # what verl's forwards read the layer attributes through, staged upstream
 
 
 def layer_forwards(tree: ast.Module) -> list[ast.FunctionDef]:
@@ -47,14 +48,15 @@ def layer_forwards(tree: ast.Module) -> list[ast.FunctionDef]:
     return [n for n in tree.body if isinstance(n, ast.FunctionDef) and any(w in n.name for w in LAYER_WORDS)]
 
 
-def resolved_names(functions: list[ast.FunctionDef]) -> set[str]:
+def resolved_names(functions: list[ast.FunctionDef], through: str | None = None) -> set[str]:
     """The names ``functions`` look up on their layer by string, as in ``getattr(self, "block_type", None)`` or
-    verl#7471's ``_delta_net_kernel(self, "causal_conv1d_fn")``."""
+    verl#7471's ``_delta_net_kernel(self, "causal_conv1d_fn")``; with ``through``, only in calls of that function."""
     return {
         call.args[1].value
         for func in functions
         for call in ast.walk(func)
         if isinstance(call, ast.Call)
+        and (through is None or ast.unparse(call.func) == through)
         and len(call.args) >= 2
         and isinstance(call.args[0], ast.Name)
         and call.args[0].id == "self"
@@ -71,13 +73,16 @@ LAYERS_SET_WHAT_VERL_READS = Shape(
 BLOCK_TYPE = Shape(id="tf5.13-block-type", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.13,<5.16")
 MODULE_KERNELS = Shape(id="tf5.16-module-kernels", verdict=Verdict.APPLY, verl=">=0.9", transformers=">=5.16")
 RESOLVES_LAYER_NAMES = Shape(
-    id="verl-resolves-layer-names", verdict=Verdict.FIXED_UPSTREAM, elsewhere="verl#7471's branch"
+    id="verl-resolves-layer-names",
+    verdict=Verdict.FIXED_UPSTREAM,
+    elsewhere="verl#7471's branch, or this patch's pull request",
 )
 
 
 def verl_reads(tree: ast.Module) -> set[str]:
-    """The attributes of ``RENAMED`` and ``KERNELS`` that verl's functions read on their ``self``."""
-    wanted = RENAMED.keys() | KERNELS.keys()
+    """The attributes of ``RENAMED_LAYER_ATTRIBUTES`` and ``DELTA_NET_KERNELS`` that verl's functions read on their
+    ``self``."""
+    wanted = RENAMED_LAYER_ATTRIBUTES.keys() | DELTA_NET_KERNELS.keys()
     return {
         node.attr
         for func in ast.walk(tree)
@@ -102,18 +107,19 @@ def missing(tree: ast.Module, family: Family, reads: set[str]) -> tuple[dict[str
     decoder = syntax.find_class(tree, f"{family.prefix}DecoderLayer")
     delta_net = syntax.find_class(tree, f"{family.prefix}GatedDeltaNet")
     renamed = {}
-    for old, new in RENAMED.items():
+    for old, new in RENAMED_LAYER_ATTRIBUTES.items():
         if old not in reads or _sets(decoder, old):
             continue
         if not _sets(decoder, new):
             return f"{family.prefix}DecoderLayer sets neither {old} nor {new}"
         renamed[old] = new
     kernels = []
-    for attr in sorted(reads & KERNELS.keys()):
+    for attr in sorted(reads & DELTA_NET_KERNELS.keys()):
         if _sets(delta_net, attr):
             continue
-        if not syntax.called_decorator(syntax.find_function(tree, KERNELS[attr]), DISPATCHER):
-            return f"{family.prefix}GatedDeltaNet sets no {attr}, and {KERNELS[attr]} is no @{DISPATCHER} function"
+        function = DELTA_NET_KERNELS[attr]
+        if not syntax.called_decorator(syntax.find_function(tree, function), DISPATCHER):
+            return f"{family.prefix}GatedDeltaNet sets no {attr}, and {function} is no @{DISPATCHER} function"
         kernels.append(attr)
     return renamed, kernels
 
@@ -126,9 +132,12 @@ def _reading_no_old_name(verl: ast.Module) -> Decision:
             "verl installs no Qwen3.5 layer forwards of its own: transformers' run as they are"
         )
     resolved = resolved_names(layers)
-    if NEW_TYPE in resolved and resolved & KERNELS.keys():
+    # verl#7471 looks the new name up; this patch's pull request reads the old one through the replacement's reader.
+    layer_type = NEW_TYPE in resolved or RENAMED_LAYER_ATTRIBUTES.keys() & resolved_names(layers, READER)
+    if layer_type and resolved & DELTA_NET_KERNELS.keys():
         return RESOLVES_LAYER_NAMES.decision(
-            f"verl's Qwen3.5 layer forwards look up {NEW_TYPE} and the delta-net kernels by name (verl#7471)"
+            "verl's Qwen3.5 layer forwards look up the layer type and the delta-net kernels by name (verl#7471, or "
+            "this patch's pull request)"
         )
     return unrecognized(
         f"{QWEN3_5.verl_forward} neither reads the old layer names nor looks up {NEW_TYPE} and the kernels by name "
@@ -163,16 +172,17 @@ def _target(family: Family) -> Target:
     def apply(module: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.patches.qwen3_5_layer_attributes.replacement import (
             dispatched_kernel,
-            renamed_attribute,
+            restored_attribute,
         )
 
         found = missing(environment.tree(family.modeling), family, verl_reads(environment.tree(QWEN3_5.verl_forward)))
         renamed, kernels = found  # the decision was APPLY on this very source
-        for old, new in renamed.items():
-            originals.add(getattr(module, f"{family.prefix}DecoderLayer"), old, renamed_attribute(new))
+        for old in renamed:
+            originals.add(getattr(module, f"{family.prefix}DecoderLayer"), old, restored_attribute(old))
         for attr in kernels:
-            kernel = dispatched_kernel(getattr(module, KERNELS[attr]), none_without_package=attr == "causal_conv1d_fn")
-            originals.add(getattr(module, f"{family.prefix}GatedDeltaNet"), attr, kernel)
+            # Read once here: a function that is no dispatcher is refused at import, not at the first forward.
+            dispatched_kernel(getattr(module, DELTA_NET_KERNELS[attr]))
+            originals.add(getattr(module, f"{family.prefix}GatedDeltaNet"), attr, restored_attribute(attr))
 
     return Target(
         module=family.modeling,
@@ -209,12 +219,11 @@ wrote them, with their FLA and context-parallel path, and `qwen3_5_packed_delta_
 dispatcher whose closure lacks `implementation` and `torch_function` is refused with a `RuntimeError` when the target
 is imported. The patch's status is then `failed`, with a WARNING, and nothing is guessed.
 
-**Upstream plan.** verl#7471 moves verl 0.10 to helpers that resolve the kernels. For the 0.9.x release branch, the
-change to `verl/models/transformers/qwen3_5.py` is small: `qwen3_5_decoder_layer_forward` reads `block_type` where
-`layer_type` is absent, and `qwen3_5_gated_delta_net_forward` and `_packed_chunk_gated_delta_rule` take the kernels
-from the modeling module's functions on transformers >= 5.16. PR title:
-`[model] fix: Qwen3.5 layer forwards on transformers >= 5.13 (block_type, module-level delta-net kernels)`. Its test
-would be a `*_on_cpu.py` file beside verl's model tests, run on a transformers >= 5.16 job.
+**Upstream plan.** `upstream/qwen3_5_layer_attributes/` is the pull request for main: verl's layer forwards read
+each attribute through `layer_attribute`, the function the plugin's restored attributes read, so it reads what each
+release has; its test (`tests/models/test_qwen3_5_layer_attributes_on_cpu.py`) runs a tiny Qwen3.5 through verl's
+forwards, on a transformers >= 5.16 job (proven on 5.22.2). verl#7471 (open) is the same fix in another form: it
+resolves the kernels FLA first and hides the torch rule's `**kwargs`, so that verl loops over packed samples.
 """
 
 PATCH = Patch(

@@ -41,6 +41,7 @@ class Layout:
         offsets = [0]
         for n in lengths:
             offsets.append(offsets[-1] + n)
+        self.offsets = offsets  # where each sample starts in the packed row, then where the row ends
         row = torch.empty(offsets[-1], dtype=torch.long)  # each packed token's grid row
         starts = torch.tensor(self.starts + [self.rows], dtype=torch.long)
         for rank, sample in enumerate(order):

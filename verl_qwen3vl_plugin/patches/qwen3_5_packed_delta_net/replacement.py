@@ -1,11 +1,12 @@
 """Qwen3.5's gated delta-net layers over verl's packed micro-batches: each sample's convolution and recurrence start
 fresh at its boundary, with or without flash-linear-attention (FLA), on any device, under Ulysses SP too.
 
-``packed_forward(upstream)`` wraps a layer forward, verl 0.9's (it receives ``cu_seqlens``) or transformers' own
-(verl 0.8, which passes no boundaries: ``boundary_decoder_forward`` reads them from the packed position ids, where
-every sample restarts at 0, and hands them down for the length of the decoder layer's call, so a recomputation under
-activation checkpointing sees them too). Cached generation, unpacked batches, and verl 0.9's FLA path (FLA's varlen
-and context-parallel kernels given the boundaries) go to ``upstream`` untouched.
+``packed_forward(upstream)`` wraps verl 0.9's layer forward (it receives ``cu_seqlens``);
+``boundary_packed_forward(upstream)`` transformers' own (verl 0.8, which passes no boundaries:
+``boundary_decoder_forward`` reads them from the packed position ids, where every sample restarts at 0, and hands
+them down for the length of the decoder layer's call, so a recomputation under activation checkpointing sees them
+too). Cached generation, unpacked batches, and verl 0.9's FLA path (FLA's varlen and context-parallel kernels given
+the boundaries) go to ``upstream`` untouched.
 
 Ulysses SP: a delta-net head only ever reads its own channels, so the layer runs like Ulysses attention: the local
 projections are exchanged from sequence shards to head shards (one all-to-all), each rank runs whole sequences on its
@@ -16,7 +17,6 @@ on every rank before the first collective.
 from __future__ import annotations
 
 import functools
-import inspect
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -91,9 +91,19 @@ def boundary_decoder_forward(upstream: Callable) -> Callable:
     return forward
 
 
+def masked(layer: torch.nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``hidden_states`` with padded positions zeroed as the layer's own forward zeroes them (its modeling module's
+    ``apply_mask_to_padding_states``), where there is a mask."""
+    if attention_mask is None:
+        return hidden_states
+    return import_module(type(layer).__module__).apply_mask_to_padding_states(hidden_states, attention_mask)
+
+
 def packed_forward(upstream: Callable) -> Callable:
-    """``upstream`` (a gated delta-net forward) with packed rows run by ``packed_delta_net``."""
-    takes_boundaries = "cu_seqlens" in inspect.signature(upstream).parameters  # verl 0.9's
+    """verl's gated delta-net forward ``upstream`` (verl >= 0.9: it receives the packed row's ``cu_seqlens``), with
+    packed rows run by ``packed_delta_net`` wherever FLA's kernels do not run them: there transformers' torch rule
+    ignores the boundaries (>= 5.9) or verl loops over the samples, and Ulysses SP has no kernel. Cached generation,
+    unpacked batches and FLA's path go to ``upstream``."""
 
     @functools.wraps(upstream)
     def forward(
@@ -103,26 +113,42 @@ def packed_forward(upstream: Callable) -> Callable:
         attention_mask: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         cu_seqlens_cpu: torch.Tensor | None = None,
-        **kwargs,
     ) -> torch.Tensor:
-        if takes_boundaries:
-            kwargs.update(cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-        elif cu_seqlens is None and _BOUNDARIES.get() is not None:
-            cu_seqlens, cu_seqlens_cpu = _BOUNDARIES.get()
-        if (
-            cache_params is not None
-            or cu_seqlens is None
-            or hidden_states.shape[0] != 1
-            or (takes_boundaries and uses_fla(self))
-        ):
-            return upstream(self, hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs)
-        if attention_mask is not None:
-            hidden_states = import_module(type(self).__module__).apply_mask_to_padding_states(
-                hidden_states, attention_mask
-            )
-        return packed_delta_net(self, hidden_states, cu_seqlens, cu_seqlens_cpu)
+        if cache_params is not None or cu_seqlens is None or hidden_states.shape[0] != 1 or uses_fla(self):
+            return upstream(self, hidden_states, cache_params, attention_mask, cu_seqlens, cu_seqlens_cpu)
+        return packed_delta_net(self, masked(self, hidden_states, attention_mask), cu_seqlens, cu_seqlens_cpu)
 
     return forward
+
+
+def boundary_packed_forward(upstream: Callable) -> Callable:
+    """transformers' own gated delta-net forward ``upstream`` (verl 0.8, which hands it no boundaries), with packed
+    rows run by ``packed_delta_net`` on the boundaries ``boundary_decoder_forward`` read for its decoder layer, FLA
+    or not. Cached generation and unpacked batches go to ``upstream``."""
+
+    @functools.wraps(upstream)
+    def forward(self, hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs) -> torch.Tensor:
+        boundaries = _BOUNDARIES.get()
+        if cache_params is not None or boundaries is None or hidden_states.shape[0] != 1:
+            return upstream(self, hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs)
+        rule = fla_rule(self) if uses_fla(self) else chunk_gated_delta_rule
+        return packed_delta_net(self, masked(self, hidden_states, attention_mask), *boundaries, rule=rule)
+
+    return forward
+
+
+def fla_rule(layer: torch.nn.Module) -> Callable:
+    """``packed_delta_net``'s rule on the layer's own FLA kernel (verl 0.8 on CUDA with FLA), given the packed
+    samples' boundaries, which verl 0.8 never passes it."""
+
+    def rule(query, key, value, g, beta, layout) -> torch.Tensor:
+        out, _ = layer.chunk_gated_delta_rule(
+            query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(layout.offsets, device=query.device),
+        )  # fmt: skip
+        return out
+
+    return rule
 
 
 def _head_channels(layer: torch.nn.Module, rank: int, size: int) -> torch.Tensor:
@@ -140,9 +166,11 @@ def packed_delta_net(
     hidden_states: torch.Tensor,
     cu_seqlens: torch.Tensor,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    rule: Callable = chunk_gated_delta_rule,
 ) -> torch.Tensor:
     """The gated delta-net layer ``layer`` on one packed row (1, seq, hidden), this rank's sequence shard under SP,
-    each sample between ``cu_seqlens`` bounds on its own (a tail past the last bound, SP padding, is one more)."""
+    each sample between ``cu_seqlens`` bounds on its own (a tail past the last bound, SP padding, is one more).
+    ``rule``: the chunked rule over the packed samples, as ``chunk_gated_delta_rule`` takes them."""
     size, group = _sequence_parallel()
     heads_k, heads_v = layer.num_k_heads, layer.num_v_heads
     if size > 1 and (heads_k % size or heads_v % size):
@@ -189,14 +217,7 @@ def packed_delta_net(
         key = key.repeat_interleave(heads_v // heads_k, dim=2)
     beta = b.sigmoid()
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
-    if uses_fla(layer):  # verl 0.8 on CUDA with FLA: its varlen kernel, given the boundaries it was never passed
-        bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=mixed.device)
-        out, _ = layer.chunk_gated_delta_rule(
-            query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=bounds,
-        )  # fmt: skip
-    else:
-        out = chunk_gated_delta_rule(query, key, value, g, beta, layout)
+    out = rule(query, key, value, g, beta, layout)
     if size > 1:
         from verl.utils.ulysses import gather_heads_scatter_seq
 

@@ -170,10 +170,10 @@ def _transformers_target(family: Family) -> Target:
     def apply(imported: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement import (
             boundary_decoder_forward,
-            packed_forward,
+            boundary_packed_forward,
         )
 
-        originals.wrap(getattr(imported, f"{prefix}GatedDeltaNet"), "forward", packed_forward)
+        originals.wrap(getattr(imported, f"{prefix}GatedDeltaNet"), "forward", boundary_packed_forward)
         originals.wrap(getattr(imported, f"{prefix}DecoderLayer"), "forward", boundary_decoder_forward)
 
     return Target(
@@ -217,14 +217,12 @@ order does not matter, and runs the Ascend path on the CPU reference `torch_npu`
 gloo ranks is in `tests/patches/qwen3_vl_vision_dp/test_ulysses.py`, whose Qwen3.5 has delta-net layers. FLA itself
 is not run (no CPU build): its call is checked with a stand-in that records the boundaries.
 
-**Upstream plan.** `verl_qwen3vl_plugin/patches/qwen3_5_packed_delta_net/delta_net_varlen.py` would become a new
-module under `verl/models/transformers/`, or transformers' `torch_chunk_gated_delta_rule` would honour `cu_seqlens`.
-In `verl/models/transformers/qwen3_5.py`, `qwen3_5_gated_delta_net_forward` would run the varlen path without FLA,
-and the head exchange under Ulysses instead of raising `NotImplementedError`. `_packed_chunk_gated_delta_rule` would
-check that the rule honours `cu_seqlens` (FLA's does, transformers' fallback does not) rather than that it accepts
-the keyword. `boundary_decoder_forward` is not needed on verl >= 0.9, whose decoder layer passes `cu_seqlens`. PR
-title: `[model] fix: keep packed Qwen3.5 samples apart in the gated delta-net torch path, and run it under Ulysses
-without FLA`. The kernel tests would move as they are to a `*_on_cpu.py` file beside verl's model tests, with the
+**Upstream plan.** `upstream/qwen3_5_packed_delta_net/` is the pull request for main (verl >= 0.9, whose decoder
+layer passes `cu_seqlens`): `delta_net_varlen.py` becomes `verl/models/transformers/gated_delta_net_varlen.py`, and
+`qwen3_5_gated_delta_net_forward` is decorated with `packed_forward`, which runs the varlen path wherever FLA does
+not, the head exchange under Ulysses instead of FLA's context-parallel kernel. Its test runs both tiny models packed
+against alone through `apply_monkey_patch`, and the layer at SP = 2 on two gloo ranks. `boundary_decoder_forward`
+and `boundary_packed_forward` (verl 0.8) have no counterpart. The kernel tests could follow as they are, with the
 numbers of `benchmarks/delta_net_varlen.py` and `benchmarks/gpu_delta_net.py` attached.
 """
 
@@ -256,8 +254,9 @@ PATCH = Patch(
         "wrong (0.8, and 0.9 on >= 5.9) or refused (0.9 on <= 5.8): log-probs are silently wrong."
     ),
     how=(
-        "verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement.packed_forward wraps the layer forward (verl "
-        "0.9's, or transformers' with boundary_decoder_forward reading them from the packed position ids on verl 0.8): "
+        "verl_qwen3vl_plugin.patches.qwen3_5_packed_delta_net.replacement.packed_forward wraps verl 0.9's layer "
+        "forward (boundary_packed_forward transformers' on verl 0.8, with boundary_decoder_forward reading the "
+        "boundaries from the packed position ids): "
         "packed rows run delta_net_varlen's chunked rule and convolution, every sample from a zero state, in one pass "
         "over all samples' chunks; under Ulysses one all-to-all to head shards and one back. Cached generation, "
         "unpacked batches and verl 0.9's FLA path are passed through."

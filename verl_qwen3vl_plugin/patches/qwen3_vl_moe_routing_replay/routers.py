@@ -28,6 +28,8 @@ from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay.moe_routing import 
 
 
 def _replay_aware(cls: type, replay: Callable) -> None:
+    """``cls.forward`` calls ``replay(self, hidden_states)`` while a micro-batch's routes cover the module,
+    upstream's forward otherwise."""
     upstream = cls.forward
 
     @functools.wraps(upstream)
@@ -51,15 +53,14 @@ def sparse_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> tuple[t
     return out, router_logits
 
 
-def top_k_router_replay(
-    self: nn.Module, hidden_states: torch.Tensor, returns_probabilities: bool = False
-) -> tuple[torch.Tensor, ...]:
-    """transformers 5's top-k router under replay: (logits, normalised top-k weights cast to the logits' dtype,
-    top-k ids); ``returns_probabilities``: (fp32 probabilities, fp32 weights, ids), as the older releases return."""
+def top_k_router_replay(self: nn.Module, hidden_states: torch.Tensor, upstream: Callable) -> tuple[torch.Tensor, ...]:
+    """transformers 5's top-k router under replay: upstream's first value (the logits, or the fp32 probabilities
+    older releases return), the normalised top-k weights cast to its dtype, the top-k ids. Upstream's forward gives
+    the first value, so replay returns what the installed release returns without knowing which it is."""
+    first = upstream(self, hidden_states)[0]
     router_logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
     top_weights, router_indices = routes.top_k(self, probs, self.top_k)
-    first = probs if returns_probabilities else router_logits
     return first, (top_weights / top_weights.sum(dim=-1, keepdim=True)).to(first.dtype), router_indices
 
 
@@ -67,9 +68,12 @@ def patch_sparse_block(module) -> None:
     _replay_aware(module.Qwen3VLMoeTextSparseMoeBlock, sparse_block_replay)
 
 
-def patch_top_k_router(cls: type, returns_probabilities: bool) -> None:
-    """Qwen3-VL-MoE's or Qwen3.5-MoE's top-k router: the same shape."""
-    _replay_aware(cls, functools.partial(top_k_router_replay, returns_probabilities=returns_probabilities))
+def patch_top_k_router(cls: type) -> None:
+    """Qwen3-VL-MoE's or Qwen3.5-MoE's top-k router: the same shape. Once per class: patching it again (each model
+    built) changes nothing."""
+    if routes.registered(cls):
+        return
+    _replay_aware(cls, functools.partial(top_k_router_replay, upstream=cls.forward))
 
 
 def npu_top_k_block_replay(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

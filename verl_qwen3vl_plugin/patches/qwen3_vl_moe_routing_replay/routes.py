@@ -171,6 +171,11 @@ def register_router(cls: type) -> None:
         _router_classes = (*_router_classes, cls)
 
 
+def registered(cls: type) -> bool:
+    """Whether ``cls`` is a router class made replay-aware in this process."""
+    return cls in _router_classes
+
+
 def slots(model: nn.Module) -> dict[nn.Module, int]:
     """The model's routers, in layer order, each with its MoE layer ordinal; cached per model. Only MoE layers have
     a router, so the ordinal counts those (every decoder layer of Qwen3-VL-MoE and Qwen3.5-MoE, gated delta-net or

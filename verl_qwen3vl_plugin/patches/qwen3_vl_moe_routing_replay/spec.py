@@ -277,7 +277,7 @@ def _apply_router(cls_name: str) -> Callable[[ModuleType, Decision], None]:
     def apply(module: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.patches.qwen3_vl_moe_routing_replay import routers
 
-        routers.patch_top_k_router(getattr(module, cls_name), decision.shape == RETURNS_PROBABILITIES.id)
+        routers.patch_top_k_router(getattr(module, cls_name))
 
     return apply
 

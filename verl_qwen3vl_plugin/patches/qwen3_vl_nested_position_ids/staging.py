@@ -2,12 +2,12 @@
 
 **This pull request** replaces ``maybe_fix_3d_position_ids`` where verl defines it, so every caller gets the rebuild;
 the wrapper of ``prepare_micro_batches`` stays in the plugin for verl 0.7, whose split repacks the micro-batches
-(verl 0.8 and later keep the index through it). verl#7901 (open) proposes the same rebuild: review it, or send this.
+(verl 0.8 and later keep the index through it).
 """
 
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids import replacement
 from verl_qwen3vl_plugin.patches.qwen3_vl_nested_position_ids.spec import FUNCTION
-from verl_qwen3vl_plugin.staging import ReplaceFunction, StagedTest, Staging
+from verl_qwen3vl_plugin.staging import Overlap, ReplaceFunction, StagedTest, Staging
 
 STAGING = Staging(
     base="verl==0.9.1",
@@ -36,4 +36,16 @@ STAGING = Staging(
         ),
     ),
     order=70,
+    overlaps=(
+        Overlap(
+            pr="verl#7901",
+            state="open",
+            advice=(
+                "review it first: it fixes where the layout goes wrong (the nested tensors built ragged along the "
+                "rope rows, and their serialization) as well as this read side, which alone this PR rebuilds. Offer "
+                "this PR's test as regression coverage, and check that its normalizer refuses an unknown layout by "
+                "name, as this one does, rather than passing it on (its code was not readable here)."
+            ),
+        ),
+    ),
 )

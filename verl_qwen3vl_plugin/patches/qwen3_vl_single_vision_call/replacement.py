@@ -9,12 +9,15 @@ treats every grid row on its own, so each row's output is the one a separate cal
 batched matmuls. The merged embeddings are split back at the image/video boundary and scattered as verl does; the
 deepstack features (Qwen3-VL's; Qwen3.5 has none) are reordered into sequence order with one index_select. A
 text-only micro-batch still runs verl's one dummy image. Host syncs: one (the token counts, with the image share),
-never more than verl's.
+never more than verl's. The plugin installs them through ``naming_strays``: a token-count error that a sampled
+placeholder causes names it (``vision_placeholder_ban``'s check, which verl's own function does not make).
 When it applies, and when it can be removed: the ``qwen3_vl_single_vision_call`` spec.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,16 +39,12 @@ def _sequence_order(image_mask: torch.Tensor, video_mask: torch.Tensor, images: 
     return row.new_zeros(visual + 1).scatter_(0, slot, row)[:visual]
 
 
-def _check_counts(kind: str, tokens: int, features: int, input_ids: torch.Tensor, config) -> None:
-    """verl's token-count error; where a sampled placeholder causes it, the error names it (``refuse_strays``).
-    Looked for only on a mismatch: the good path keeps its one host sync."""
+def _check_counts(kind: str, tokens: int, features: int) -> None:
+    """verl's token-count error."""
     if tokens != features:
-        message = f"{kind.capitalize()} features and {kind} tokens do not match: tokens: {tokens}, features {features}"
-        try:
-            refuse_strays(input_ids, config, (kind,))
-        except ValueError as stray:
-            raise ValueError(f"{message}. {stray}") from None
-        raise ValueError(message)
+        raise ValueError(
+            f"{kind.capitalize()} features and {kind} tokens do not match: tokens: {tokens}, features {features}"
+        )
 
 
 def get_input_embeds(
@@ -57,8 +56,9 @@ def get_input_embeds(
     image_grid_thw: torch.LongTensor | None = None,
     video_grid_thw: torch.LongTensor | None = None,
 ) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
-    """verl's Qwen3-VL ``_get_input_embeds`` contract (same arguments, same four outputs, same token-count errors),
-    with exactly one ``model.visual`` call."""
+    """Qwen3-VL's language-model inputs for a micro-batch (embeddings, attention mask, visual position mask,
+    deepstack features) with exactly one ``model.visual`` call, whatever it holds: a call per modality would make a
+    different number of FSDP collectives on ranks holding different media. The token-count errors are verl's."""
     inputs_embeds = model.get_input_embeddings()(input_ids)
     config, visual = model.config, model.visual
     media = [
@@ -89,7 +89,7 @@ def get_input_embeds(
         tokens = torch.stack(counts).tolist()  # the one host sync
         features = [tokens[2], embeds.shape[0] - tokens[2]] if len(media) == 2 else [embeds.shape[0]]
         for (kind, *_), n_tokens, n_features in zip(media, tokens, features, strict=False):
-            _check_counts(kind, n_tokens, n_features, input_ids, config)
+            _check_counts(kind, n_tokens, n_features)
         for (_, _, _, mask), part in zip(media, embeds.split(features), strict=True):
             part = part.to(inputs_embeds.device, inputs_embeds.dtype)
             inputs_embeds = inputs_embeds.masked_scatter(mask.unsqueeze(-1).expand_as(inputs_embeds), part)
@@ -111,8 +111,29 @@ def get_input_embeds(
     }
 
 
+def naming_strays(get_embeds: Callable) -> Callable:
+    """``get_embeds`` (either contract) whose token-count error also names the sampled placeholder behind it, where
+    one is (``refuse_strays``). Looked for only on that error: the good path keeps its one host sync."""
+
+    @functools.wraps(get_embeds)
+    def wrapper(model: nn.Module, input_ids: torch.LongTensor, *args: Any, **kwargs: Any):
+        try:
+            return get_embeds(model, input_ids, *args, **kwargs)
+        except ValueError as mismatch:
+            kinds = [k for k in ("image", "video") if str(mismatch).startswith(f"{k.capitalize()} features and")]
+            if not kinds:
+                raise
+            try:
+                refuse_strays(input_ids, model.config, kinds)
+            except ValueError as stray:
+                raise ValueError(f"{mismatch}. {stray}") from None
+            raise
+
+    return wrapper
+
+
 def get_input_embeds_qwen3_5(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor | None]:
-    """verl's Qwen3.5 ``_get_input_embeds`` contract: the same arguments, its two outputs (Qwen3.5's tower has no
-    deepstack features)."""
+    """Qwen3.5's language-model inputs (embeddings, attention mask): Qwen3-VL's, with its one tower call (Qwen3.5's
+    tower has no deepstack features)."""
     out = get_input_embeds(*args, **kwargs)
     return {"inputs_embeds": out["inputs_embeds"], "attention_mask": out["attention_mask"]}

@@ -121,7 +121,7 @@ def _applier(replacement: str) -> Callable[[ModuleType, Decision], None]:
     def apply(module: ModuleType, decision: Decision) -> None:
         from verl_qwen3vl_plugin.patches.qwen3_vl_single_vision_call import replacement as replacements
 
-        originals.replace(module, FUNCTION, getattr(replacements, replacement))
+        originals.replace(module, FUNCTION, replacements.naming_strays(getattr(replacements, replacement)))
 
     return apply
 

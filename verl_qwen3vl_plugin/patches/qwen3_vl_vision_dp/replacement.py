@@ -137,14 +137,16 @@ def _warn_fallback(reason: str) -> None:
 
 
 def vision_dp_forward(upstream: Callable) -> Callable:
-    """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank, and
-    passes straight through on a class that verl's own vision DP wrapped (``VERL_VISION_DP_MARK``): that wrapper
-    already hands each rank its share, which a second split would refuse as ranks holding different images."""
+    """The vision tower's ``forward`` that splits its images over verl's Ulysses group when it has > 1 rank. Given
+    one already (the class patched again, for another model in the process), it returns it as it is: a second split
+    would see each rank's share as ranks holding different images."""
+    if getattr(upstream, "splits_over_ulysses", False):
+        return upstream
 
     @functools.wraps(upstream)
     def forward(self: nn.Module, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
         group, size, rank = ulysses_group()
-        if group is None or getattr(type(self), VERL_VISION_DP_MARK, False):
+        if group is None:
             return upstream(self, hidden_states, grid_thw, **kwargs)
         if kwargs:  # per-image precomputed tables (transformers 5) that a share cannot be cut from
             _warn_fallback(f"the call passes {sorted(kwargs)}, which cannot be split by image")
@@ -172,5 +174,21 @@ def vision_dp_forward(upstream: Callable) -> Callable:
         rows = [sum(patches[s:e]) // merge for s, e in runs]
         gathered = gather_rows(block, rows, rank, group).split(embeds.shape[-1], dim=-1)
         return _rebuild_output(local, gathered[0], list(gathered[1:]))
+
+    forward.splits_over_ulysses = True
+    return forward
+
+
+def beside_verl_vision_dp(upstream: Callable) -> Callable:
+    """``vision_dp_forward``, passing straight through on a class that verl's own vision DP wrapped
+    (``VERL_VISION_DP_MARK``): that wrapper already hands each rank its share, which a second split would refuse as
+    ranks holding different images. What the plugin installs; verl, wrapping the tower itself, needs only the split."""
+    split = vision_dp_forward(upstream)
+
+    @functools.wraps(upstream)
+    def forward(self: nn.Module, *args, **kwargs):
+        if getattr(type(self), VERL_VISION_DP_MARK, False):
+            return upstream(self, *args, **kwargs)
+        return split(self, *args, **kwargs)
 
     return forward

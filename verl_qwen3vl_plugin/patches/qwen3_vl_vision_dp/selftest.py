@@ -123,8 +123,8 @@ def under_verls_own_dp(rank: int) -> bool:
 
     from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import (
         VERL_VISION_DP_MARK,
+        beside_verl_vision_dp,
         split_output,
-        vision_dp_forward,
     )
     from verl_qwen3vl_plugin.selftest.tiny_models import pixel_values
 
@@ -135,7 +135,7 @@ def under_verls_own_dp(rank: int) -> bool:
     set_ulysses_sequence_parallel_group(dist.group.WORLD)
     setattr(cls, VERL_VISION_DP_MARK, True)
     try:
-        ours = split_output(vision_dp_forward(upstream)(model, pixels, grid))[0]
+        ours = split_output(beside_verl_vision_dp(upstream)(model, pixels, grid))[0]
     except RuntimeError:
         return False
     finally:

@@ -74,9 +74,9 @@ def probe_vision_class(family: Family, tree: ast.Module) -> Decision:
 
 
 def _apply_to_vision_class(cls: type) -> None:
-    from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import vision_dp_forward
+    from verl_qwen3vl_plugin.patches.qwen3_vl_vision_dp.replacement import beside_verl_vision_dp
 
-    originals.wrap(cls, "forward", vision_dp_forward)
+    originals.wrap(cls, "forward", beside_verl_vision_dp)
 
 
 DETAILS = """\
