@@ -84,8 +84,7 @@ def nox_session(func: Callable[..., None]) -> Callable[..., None]:
         try:
             func(session, **params)
         finally:
-            if os.environ.get(DISCARD_VENVS) == "1":
-                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+            _discard(session.virtualenv.location)
 
     return nox.session(run)
 
@@ -225,16 +224,21 @@ def _upstream_unproven(session: nox.Session) -> None:
     try:
         session.run("python", "scripts/upstream.py", "--prove", "--unproven")
     finally:
-        if os.environ.get(DISCARD_VENVS) == "1":
-            shutil.rmtree(".upstream-work/venvs", ignore_errors=True)
+        _discard(".upstream-work/venvs")
+
+
+def _discard(path: str) -> None:
+    """In CI (``DISCARD_VENVS``), venvs are deleted once used."""
+    if os.environ.get(DISCARD_VENVS) == "1":
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @nox_session
 def upstream(session: nox.Session) -> None:
     """Each patch with a ``staging.py`` as an upstream pull request (``scripts/upstream.py``): writes ``upstream/``,
-    then proves each one on its base's sdist, in a venv of the base's stack under ``.upstream-work/`` with the plugin
-    absent, and prints a table and one JSON line. Not in the default run. The generator imports the patches' code
-    from this checkout (torch, no verl)."""
+    then proves each one on its base's sdist, in a venv of its stack under ``.upstream-work/`` with the plugin absent,
+    prints a table and one JSON line, and records the proofs in ``upstream/proofs.json``. Not in the default run. The
+    generator imports the patches' code from this checkout (torch, no verl)."""
     session.install(TORCH, "packaging", RUFF)
     session.run("python", "scripts/upstream.py", "--prove", *session.posargs)
 

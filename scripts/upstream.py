@@ -12,16 +12,17 @@ clean).
 
     python scripts/upstream.py           # rewrite upstream/
     python scripts/upstream.py --check   # exit 1, naming them, where a committed file differs (tests)
-    python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table and one JSON line
+    python scripts/upstream.py --prove   # rewrite, then prove each staged PR: a table, one JSON line, the record
+    python scripts/upstream.py --prove --unproven   # ... only those whose recorded proof is missing, failed or stale
     python scripts/upstream.py [--check | --prove] --patch NAME   # ... only NAME's (repeatable)
     python scripts/upstream.py --index   # offline: drop the folders of retired patches, rewrite README.md
     python scripts/upstream.py --apply-to verl=GIT_DIR   # git apply --check each verl diff to its branch there
 
-``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a
-venv of the base's stack (``noxfile.py``) with the patched tree installed and the plugin absent, the staged tests
-pass; (3) they fail on the unpatched base; (4) upstream's own CPU tests of the touched modules (the sdist's
-``tests/**/test_*_on_cpu.py`` for verl, ``test_*.py`` for transformers, that import one, or a module that imports
-one) have the same outcomes on both (``null`` where the sdist holds none: transformers' ships no model's tests);
+``--prove`` checks, per patch: (1) ``git apply --check`` of the diff to a fresh extract of the base sdist; (2) in a venv
+of the base's stack (``noxfile.py``; ``Staging.stack`` names another) with the patched tree installed and the plugin
+absent, the staged tests pass; (3) they fail on the unpatched base; (4) upstream's own CPU tests of the touched modules
+(the sdist's ``tests/**/test_*_on_cpu.py`` for verl, ``test_*.py`` for transformers, that import one, or a module that
+imports one) have the same outcomes on both (``null`` where the sdist holds none: transformers' ships no model's tests);
 (5) the touched files pass ruff with the base's ruff configuration. Downloads, extracts and venvs live under
 ``.upstream-work/`` (gitignored); the base is downloaded with ``pip download --no-binary :all: --no-deps``.
 """
@@ -487,7 +488,7 @@ def move_functions(edit, target: Source, placed: dict[str, tuple[str, str]]) -> 
             if isinstance(n, ast.Import | ast.ImportFrom)
             and (
                 any(path.split(".")[0] == project for path in bindings([n]).values())
-                or all(target_bound.get(name) == path for name, path in bindings([n]).items())
+                or (not getattr(n, "level", 0) and all(target_bound.get(k) == v for k, v in bindings([n]).items()))
             )
         ]
         start = module.offset((node.decorator_list or [node])[0].lineno, 0)
@@ -637,7 +638,7 @@ def calls_attribute(node: ast.AST, name: str) -> bool:
     )
 
 
-def replace_method(edit, target: Source, placed: dict[str, str]) -> str:
+def replace_method(edit, target: Source, placed: dict[str, tuple[str, str]]) -> str:
     """``ReplaceMethod``: the method's definition (from its first decorator) gives way to the plugin's function, the
     function the plugin sets on the class, renamed and indented into the class body."""
     module = Source(inspect.getsource(edit.source))
@@ -1065,7 +1066,7 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
             f"is fixed already (see {', '.join(link(r) for r in staging.fixed_on_main_by)})."
         )
     else:
-        target = f"For main (the diff applies to verl {version}'s sdist, which stands for main)."
+        target = f"For main (the diff applies to {name} {version}'s sdist, which stands for main)."
     related = [r for r in patch.upstream if r not in staging.fixed_on_main_by]
     if related:
         target += f" Related: {', '.join(link(r) for r in related)}."
@@ -1379,17 +1380,17 @@ def venv(staging) -> Path:
     """``.upstream-work/venvs/<key>``: the proof's stack from PyPI, pytest, and never the plugin."""
     path = WORK / "venvs" / venv_key(staging)
     python = path / "bin" / "python"
-    ready = path / ".ready"
-    if not ready.is_file():
+    ready = path / ".ready"  # the requirements it was built from: a stack changed in noxfile.py gets a new venv
+    requirements = stack(staging)
+    if not ready.is_file() or ready.read_text() != "\n".join(requirements):
         shutil.rmtree(path, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        requirements = stack(staging)
         # A forward stack's moved pin is past what the base declares: pip, given both at once, finds them in
         # conflict, so it goes over the installed rest in a second run, as noxfile's forward session installs it.
         forward = staging.stack in noxfile_stacks()["FORWARD_STACKS"]
         for step in [requirements[:-1], requirements[-1:]] if forward else [requirements]:
             subprocess.run([python, "-m", "pip", "install", "-q", *step, "pytest", "setuptools", "wheel"], check=True)
-        ready.write_text(venv_key(staging))
+        ready.write_text("\n".join(requirements))
     return python
 
 
@@ -1509,7 +1510,7 @@ def upstream_tests(base: Path, touched: list[str], package: str) -> list[str]:
 def prove(only: list[str] | None = None) -> list[dict]:
     """One row per staged pull request: checks (1) and (5) on a fresh extract with the diff applied; then, per base,
     the staged and upstream tests of every patch on the pristine base installed, and each patch's on its patched tree
-    installed, in the base's venv with the plugin absent."""
+    installed, in the proof venv (``venv``) with the plugin absent."""
     rows, runs = [], []
     for patch, staging in stagings(only):
         started = time.monotonic()
@@ -1536,15 +1537,15 @@ def prove(only: list[str] | None = None) -> list[dict]:
             runs.append((row, staging, tree, scratch / "run" / "tests", upstream_tests(tree, changed, name)))
         row["seconds"] = round(time.monotonic() - started)
     for key in sorted({venv_key(staging) for _, staging, *_ in runs}):
-        with venv_lock(key):
+        with lock(key):
             _prove_on([r for r in runs if venv_key(r[1]) == key])
     return rows
 
 
 @contextlib.contextmanager
-def venv_lock(key: str) -> Iterator[None]:
-    """A proof venv to this process alone: a proof installs the pristine and each patched tree into it in turn, so
-    two proofs in one venv at once would test each other's installs."""
+def lock(key: str) -> Iterator[None]:
+    """``key`` to this process alone: a proof venv (a proof installs the pristine and each patched tree into it in
+    turn, so two proofs in one venv at once would test each other's installs), or the record."""
     (WORK / "venvs").mkdir(parents=True, exist_ok=True)
     with open(WORK / "venvs" / f"{key}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -1602,7 +1603,7 @@ def applied_to(package: str, git_dir: Path, only: list[str] | None) -> list[dict
     for main, so main may have moved on): ``git apply --check`` on that branch's tree, exported."""
     rows = []
     for patch, staging in stagings(only):
-        name, version = split_requirement(staging.base)
+        name = split_requirement(staging.base)[0]
         if name != package:
             continue
         branch = staging.backport_of or "main"
@@ -1649,11 +1650,21 @@ def main() -> int:
     args = parser.parse_args()
     if args.patch and args.index:
         parser.error("--patch does not go with --index")
+    if args.unproven and not args.prove:
+        parser.error("--unproven goes with --prove")
+    package, _, git_dir = (args.apply_to or "").partition("=")
+    if args.apply_to and (package not in REPOSITORIES or not git_dir):
+        parser.error(f"--apply-to takes PACKAGE=GIT_DIR, PACKAGE one of {', '.join(REPOSITORIES)}")
+    # Read from the folders, before any staging is imported: a typo is named in every mode.
+    unknown = set(args.patch or ()) - {
+        p.parent.name for p in (ROOT / "verl_qwen3vl_plugin" / "patches").glob("*/staging.py")
+    }
+    if unknown:
+        parser.error(f"no staging for {', '.join(sorted(unknown))}")
     if args.index:
         write(index())
         return 0
     if args.apply_to:
-        package, _, git_dir = args.apply_to.partition("=")
         rows = applied_to(package, Path(git_dir), args.patch)
         print(json.dumps(rows))
         return 0
@@ -1673,10 +1684,6 @@ def main() -> int:
     if not args.prove:
         return 0
     staged = stagings(args.patch)
-    unknown = set(args.patch or ()) - {patch.name for patch, _ in staged}
-    if unknown:
-        print(f"scripts/upstream.py: no staging for {', '.join(sorted(unknown))}", file=sys.stderr)
-        return 2
     names = [patch.name for patch, _ in staged]
     if args.unproven:
         record = recorded(set(names))
@@ -1701,9 +1708,10 @@ def main() -> int:
 def keep(rows: list[dict]) -> None:
     """The proven rows into the record, and the README's proof words rewritten (from the committed diffs): under a lock,
     since proofs of other patches may end at the same time."""
-    with venv_lock("record"):
+    with lock("record"):
         record = json.loads(RECORD.read_text(encoding="utf-8")) if RECORD.is_file() else {}
-        record |= {row["patch"]: row for row in rows}
+        # The record holds what a proof shows, not how long it took: a rerun that shows the same changes nothing.
+        record |= {row["patch"]: {k: v for k, v in row.items() if k != "seconds"} for row in rows}
         RECORD.write_text(record_text(record), encoding="utf-8")
         try:
             write(index())

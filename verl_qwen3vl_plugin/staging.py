@@ -1,6 +1,6 @@
 """How a patch goes upstream: each patch's ``staging.py`` declares a ``STAGING``, and ``scripts/upstream.py`` turns it
-into a ready pull request (``upstream/<patch>/verl.diff`` and ``PR.md``) and proves it on the patched upstream with the
-plugin absent.
+into a ready pull request (``upstream/<patch>/<package>.diff`` and ``PR.md``) and proves it on the patched upstream with
+the plugin absent.
 
 Descriptions only: no logic, no upstream import. Every edit takes its code text from the patch's own replacement
 module (the functions or module it names), so the staged code is generated from the code the plugin runs, never kept
