@@ -1071,6 +1071,19 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
     if related:
         target += f" Related: {', '.join(link(r) for r in related)}."
     files_list = "\n".join(f"- `{f}`" for f in changed)
+    notes_list = "\n".join(f"- {n}" for n in notes)
+    # What changed and how it was generated: one text in both projects' templates, the spec's notes after it.
+    changes = f"""\
+{len(changed)} files, +{added} -{removed}:
+
+{files_list}
+
+How each change was generated from the code the verl-qwen3vl-plugin runs (its `{patch.name}` patch), not written
+twice:
+
+{notes_list}
+
+The plugin's notes on the bug and the change:"""
     benchmark = (
         f"\n\n**Benchmark** (`{staging.benchmark.command}`; the plugin's `docs/performance.md`, "
         f'"{staging.benchmark.section}"):\n\n{performance_section(staging.benchmark.section)}'
@@ -1082,8 +1095,8 @@ def pull_request(patch, staging, files: dict[str, str], notes: list[str], patch_
     staging_doc = inspect.getdoc(importlib.import_module(f"verl_qwen3vl_plugin.patches.{patch.name}.staging")) or ""
     scope = "".join(f"{paragraph}\n\n" for paragraph in staging_doc.split("\n\n")[1:])
     if name == "transformers":
-        parts = dict(target=target, tests=tests, test_docs=test_docs, benchmark=benchmark, scope=scope, notes=notes)
-        return transformers_pull_request(patch, staging, patch_diff, **parts)
+        parts = dict(target=target, tests=tests, test_docs=test_docs, benchmark=benchmark, scope=scope)
+        return transformers_pull_request(patch, staging, changes=changes, **parts)
     return f"""\
 # {title(staging)}
 
@@ -1120,16 +1133,7 @@ No API change.
 
 ### Design & Code Changes
 
-{len(changed)} files, +{added} -{removed}:
-
-{files_list}
-
-How each change was generated from the code the verl-qwen3vl-plugin runs (its `{patch.name}` patch), not
-written twice:
-
-{chr(10).join(f"- {n}" for n in notes)}
-
-The plugin's notes on the bug and the change:
+{changes}
 
 {patch.details.strip()}
 
@@ -1144,15 +1148,12 @@ The plugin's notes on the bug and the change:
 
 
 def transformers_pull_request(
-    patch, staging, patch_diff: str, target: str, tests: list[str], test_docs: str, benchmark: str, scope: str,
-    notes: list[str],
-) -> str:  # fmt: skip
+    patch, staging, target: str, tests: list[str], test_docs: str, benchmark: str, scope: str, changes: str
+) -> str:
     """PR.md in transformers' pull-request template (``.github/PULL_REQUEST_TEMPLATE.md``): its sections, with what
     the verl one holds. Its code-agent box stays unticked: the description is generated, and transformers closes pull
     requests whose description a person has not written, so the sender writes it in their own words. The spec's
     "Upstream plan" paragraph (where the plugin means to send the fix) is left out: this is that plan carried out."""
-    changed, added, removed = diffstat(patch_diff)
-    files_list = "\n".join(f"- `{f}`" for f in changed)
     details = "\n\n".join(p for p in patch.details.strip().split("\n\n") if not p.startswith("**Upstream plan.**"))
     return f"""\
 # {title(staging)}
@@ -1177,16 +1178,7 @@ Pass with this change and fail without it, on the CPU:
 pytest -q {" ".join(tests)}
 ```{benchmark}
 
-**Changes.** {len(changed)} files, +{added} -{removed}:
-
-{files_list}
-
-How each change was generated from the code the verl-qwen3vl-plugin runs (its `{patch.name}` patch), not written
-twice:
-
-{chr(10).join(f"- {n}" for n in notes)}
-
-The plugin's notes on the bug and the change:
+**Changes.** {changes}
 
 {details}
 
